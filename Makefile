@@ -1,0 +1,49 @@
+# dlcsniff — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+WVENV := .venv-workloads
+APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64
+RUN_CAPTURE ?= pcaps/mxnet_sync
+
+.PHONY: run test bench setup sys workloads pcaps clean
+
+setup: sys $(VENV)/.installed
+
+# System packages: installed only when one is missing (apt-get needs root, as on these machines).
+sys:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+# The real jobs that produce captures: MXNet 1.9.1 (needs numpy 1.23.5), PyTorch CPU, pyzmq.
+workloads: $(WVENV)/.installed
+$(WVENV)/.installed:
+	test -x $(WVENV)/bin/python || $(PYTHON) -m venv $(WVENV)
+	$(WVENV)/bin/pip install -q --upgrade pip
+	$(WVENV)/bin/pip install -q mxnet==1.9.1 numpy==1.23.5 pyzmq torch==2.13.0
+	touch $@
+
+# Re-record the bundled captures from real jobs (root: network namespaces + tcpdump).
+pcaps: setup workloads
+	$(VENV)/bin/python -m sniffer.record all --out pcaps --workload-python $(WVENV)/bin/python
+
+run: setup
+	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run
+
+test: setup workloads
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+bench: setup workloads
+	$(VENV)/bin/python -m tests.bench
+
+clean:
+	rm -rf out bench-out
