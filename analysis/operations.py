@@ -1,0 +1,400 @@
+"""From decoded ps-lite messages to the records of the DLC trace: one row per message a node sent or received.
+
+Each message of a capture becomes a record of the node that sent it and a record of the node that received
+it, if that capture is the node's vantage point: its own capture (the capture in which the node is party to
+every message), or, when the dataset has none, every capture it appears in (its peers'). A send is dated by
+its first byte and a receipt by its last, both as seen at that vantage point.
+
+Data messages map onto the paper's four worker-side and four server-side operations by a *slot*:
+
+| slot | message | worker record | server record |
+|---|---|---|---|
+| 0 | push request (also MXNet 1.9.1's fused push-pull request) | Push_Send_Worker | Push_Recv_Server |
+| 1 | push response without values | Push_Recv_Worker | Push_Send_Server |
+| 2 | pull request | Pull_Send_Worker | Pull_Recv_Server |
+| 3 | pull response (also the fused push-pull response: it carries the updated values) | Pull_Recv_Worker | Pull_Send_Server |
+
+Rounds: per (node, peer, tensor key), requests in the worker's dispatch order (the ps-lite timestamp, a per
+customer request counter, so both ends of a connection agree whatever the capture timing) are numbered by
+their push: the n-th push opens round n. Iteration = round - 1, except that the first push of a key is
+kv.init (iteration -1) when no pull of that key preceded it; pulls belong to the round of the latest push
+before them, so the pulls of the initial broadcast are iteration -1 too. A response inherits its request's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import AnalysisError, Dataset
+from decoders.pslite import CONTROL_CMD_NAMES
+
+SCHEDULER_ID = 1                   # ps-lite: scheduler 1, server rank r = 8 + 2r, worker rank r = 9 + 2r
+ROLE_UNKNOWN, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER = range(4)
+ROLE_NAMES = ("unknown", "scheduler", "server", "worker")
+CATEGORY_DATA, CATEGORY_COMMAND, CATEGORY_CONTROL = range(3)
+SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, SLOT_PULL_REQUEST, SLOT_PULL_RESPONSE = range(4)
+INIT_ITERATION = -1                # kv.init and the initial pulls
+NO_ITERATION = -2                  # a response whose request is not in the data; control records
+
+WORKER_OPERATIONS = ("Push_Send_Worker", "Push_Recv_Worker", "Pull_Send_Worker", "Pull_Recv_Worker")
+SERVER_OPERATIONS = ("Push_Recv_Server", "Push_Send_Server", "Pull_Recv_Server", "Pull_Send_Server")
+DLC_OPERATIONS = WORKER_OPERATIONS + SERVER_OPERATIONS
+# SimpleApp commands (MXNet: optimizer, sync mode, stop...): request, then response, by role
+WORKER_COMMAND_OPERATIONS = ("SendCom_To_Servers", "RecvCom_From_Servers")
+SERVER_COMMAND_OPERATIONS = ("RecvCom_From_Workers", "SendCom_To_Workers")
+CONTROL_NAMES = tuple("_".join(part.capitalize() for part in name.split("_")) for name in CONTROL_CMD_NAMES)
+SCHEDULER_OPERATIONS = tuple(f"{name}_{way}_Scheduler" for name in CONTROL_NAMES for way in ("Send", "Recv"))
+OPERATIONS = DLC_OPERATIONS + WORKER_COMMAND_OPERATIONS + SERVER_COMMAND_OPERATIONS + SCHEDULER_OPERATIONS
+# the paper's split: the four operations that carry tensors, and the four constant-size ones
+LONG_OPERATIONS = ("Push_Send_Worker", "Pull_Recv_Worker", "Push_Recv_Server", "Pull_Send_Server")
+
+RECORD_COLUMNS = (
+    "node_id", "peer_id", "node_role", "dlc_rank", "peer_dlc_rank", "worker_rank", "server_rank", "is_send",
+    "category", "slot", "fused", "operation", "ts_ns", "length", "complete", "tensor_key", "ps_timestamp",
+    "iteration", "op_num", "request_ts_ns", "req_type", "rows", "control_cmd", "capture", "record_id",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How many workers and servers the job has; DLC ranks are workers, then servers, then the scheduler."""
+
+    workers: int
+    servers: int
+
+    @property
+    def scheduler_dlc_rank(self) -> int:
+        return self.workers + self.servers
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Every node's records, with what the statistics need to know about the job."""
+
+    records: pd.DataFrame          # RECORD_COLUMNS, sorted by (node_id, record_id)
+    nodes: pd.DataFrame            # node_id, name, role, rank, dlc_rank, vantage ("own"/"peers"), captures
+    topology: Topology
+    mode: str                      # "sync" or "async"
+    mode_evidence: str
+    losses: dict[str, int] = field(default_factory=dict)
+
+
+def node_role_rank(node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ps-lite id → (role code, rank within the role); ids that name no single node get ROLE_UNKNOWN."""
+    ids = np.asarray(node_ids, dtype=np.int64)
+    server = (ids >= 8) & (ids % 2 == 0)
+    worker = (ids >= 9) & (ids % 2 == 1)
+    role = np.select([ids == SCHEDULER_ID, server, worker], [ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER],
+                     ROLE_UNKNOWN).astype(np.int8)
+    rank = np.select([server, worker], [(ids - 8) // 2, (ids - 9) // 2], 0).astype(np.int32)
+    return role, rank
+
+
+def dlc_ranks(node_ids: np.ndarray, topology: Topology) -> np.ndarray:
+    role, rank = node_role_rank(node_ids)
+    return np.select([role == ROLE_WORKER, role == ROLE_SERVER, role == ROLE_SCHEDULER],
+                     [rank, topology.workers + rank, topology.scheduler_dlc_rank], -1).astype(np.int32)
+
+
+def node_names(node_ids: np.ndarray) -> np.ndarray:
+    role, rank = node_role_rank(node_ids)
+    names = np.array(ROLE_NAMES, dtype=object)[role] + rank.astype(str).astype(object)
+    return np.where(role == ROLE_SCHEDULER, "scheduler", np.where(role == ROLE_UNKNOWN, "unknown", names))
+
+
+def job_topology(messages: pd.DataFrame, nodes: pd.DataFrame) -> Topology:
+    """Workers and servers: what the scheduler announced, or else the highest ranks seen on the wire."""
+    seen = pd.unique(np.concatenate([messages["sender_id"].dropna().to_numpy(np.int64),
+                                     messages["recver_id"].dropna().to_numpy(np.int64),
+                                     nodes["node_id"].dropna().to_numpy(np.int64)]))
+    role, rank = node_role_rank(seen)
+    workers = int(rank[role == ROLE_WORKER].max(initial=-1)) + 1
+    servers = int(rank[role == ROLE_SERVER].max(initial=-1)) + 1
+    announced = nodes["role"].value_counts()
+    return Topology(workers=max(workers, int(announced.get("worker", 0))),
+                    servers=max(servers, int(announced.get("server", 0))))
+
+
+def vantage_points(messages: pd.DataFrame) -> pd.DataFrame:
+    """(node_id, capture, own): the captures each node's records come from.
+
+    A capture is node X's own when X is the sender or receiver of every ps-lite message in it and no other
+    node is; a node with an own capture is seen only through it, a node without through every capture it is
+    party to (its peers')."""
+    capture = messages["capture"].astype("category")
+    sender = messages["sender_id"].astype("Int64")
+    # a message a node sent itself counts once
+    recver = messages["recver_id"].astype("Int64").mask(sender.eq(messages["recver_id"]).fillna(False))
+    party = pd.DataFrame({"capture": pd.concat([capture, capture], ignore_index=True),
+                          "node_id": pd.concat([sender, recver], ignore_index=True)}).dropna()
+    counts = party.groupby(["capture", "node_id"], observed=True).size().rename("messages").reset_index()
+    per_capture = capture.value_counts()
+    counts["in_all"] = counts["messages"].to_numpy() == per_capture.reindex(counts["capture"]).to_numpy()
+    candidates = counts.groupby("capture", observed=True)["in_all"].transform("sum")
+    counts["own"] = counts["in_all"] & candidates.eq(1)
+    has_own = counts.groupby("node_id")["own"].transform("any")
+    chosen = counts[counts["own"] | ~has_own]
+    return pd.DataFrame({"node_id": chosen["node_id"].astype(np.int64).to_numpy(),
+                         "capture": chosen["capture"].astype(str).to_numpy(),
+                         "own": chosen["own"].to_numpy(bool)})
+
+
+def _message_kind(messages: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(category, slot, fused) of every message; slot 0/1 = request/response for commands and control."""
+    control = messages["control_cmd"].notna().to_numpy()
+    command = ~control & messages["simple_app"].fillna(False).to_numpy(bool)
+    request = messages["request"].fillna(False).to_numpy(bool)
+    push = messages["push"].fillna(False).to_numpy(bool)
+    # ps-lite without the pull field (and BytePS) marks a pull as "not a push"
+    pull = messages["pull"].fillna(False).to_numpy(bool) | ~push
+    fused = push & pull
+    category = np.where(control, CATEGORY_CONTROL, np.where(command, CATEGORY_COMMAND, CATEGORY_DATA))
+    data_slot = np.select([request & push, ~request & push & ~fused, request],
+                          [SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, SLOT_PULL_REQUEST], SLOT_PULL_RESPONSE)
+    slot = np.where(category == CATEGORY_DATA, data_slot, np.where(request, 0, 1))
+    return category.astype(np.int8), slot.astype(np.int8), fused & (category == CATEGORY_DATA)
+
+
+def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> pd.DataFrame:
+    """The sender's and the receiver's record of every message seen from their vantage points."""
+    capture = pd.Categorical(messages["capture"])
+    n_captures = max(len(capture.categories), 1)
+    vantage_code = vantage["node_id"].to_numpy(np.int64) * n_captures + pd.Categorical(
+        vantage["capture"], categories=capture.categories).codes
+    sender = messages["sender_id"].fillna(-1).to_numpy(np.int64)
+    recver = messages["recver_id"].fillna(-1).to_numpy(np.int64)
+    category, slot, fused = _message_kind(messages)
+    req_type = pd.Categorical(messages["req_type"])
+    columns = {
+        "category": category, "slot": slot, "fused": fused,
+        "request": messages["request"].fillna(False).to_numpy(bool),
+        "length": messages["size_bytes"].to_numpy(np.int64),
+        "complete": messages["complete"].fillna(False).to_numpy(bool),
+        "tensor_key": messages["tensor_key"].fillna(-1).to_numpy(np.int64),
+        "ps_timestamp": messages["ps_timestamp"].fillna(-1).to_numpy(np.int64),
+        "customer_id": messages["customer_id"].fillna(-1).to_numpy(np.int64),
+        "app_id": messages["app_id"].fillna(-1).to_numpy(np.int64),
+        "control_cmd": messages["control_cmd"].fillna(-1).to_numpy(np.int16),
+        "req_type": req_type.codes, "rows": messages["rows"].to_numpy(np.float64),
+        "capture": capture.codes,
+    }
+    frames = []
+    for node, peer, is_send, ts_column in ((sender, recver, True, "ts_first_ns"),
+                                           (recver, sender, False, "ts_last_ns")):
+        rows = np.flatnonzero(np.isin(node * n_captures + capture.codes, vantage_code))
+        frames.append(pd.DataFrame({
+            "node_id": node[rows], "peer_id": peer[rows], "is_send": np.full(len(rows), is_send),
+            "ts_ns": messages[ts_column].to_numpy(np.int64)[rows],
+            **{name: values[rows] for name, values in columns.items()}}))
+    sides = pd.concat(frames, ignore_index=True)
+    sides["req_type"] = pd.Categorical.from_codes(sides["req_type"], categories=req_type.categories)
+    sides["capture"] = pd.Categorical.from_codes(sides["capture"], categories=capture.categories)
+    return sides
+
+
+def _drop_seen_twice(sides: pd.DataFrame, multi_nodes: np.ndarray) -> tuple[pd.DataFrame, int]:
+    """A node seen through several captures may see one message in more than one: keep the first."""
+    several = sides["node_id"].isin(multi_nodes).to_numpy()
+    if not several.any():
+        return sides, 0
+    identity = ["node_id", "peer_id", "is_send", "category", "request", "slot", "customer_id", "app_id",
+                "ps_timestamp", "control_cmd", "tensor_key"]
+    subset = sides[several].sort_values("ts_ns", kind="stable")
+    kept = subset[~subset.duplicated(identity)]
+    out = pd.concat([sides[~several], kept], ignore_index=True)
+    return out, int(len(subset) - len(kept))
+
+
+def _group_starts(*sorted_keys: np.ndarray) -> np.ndarray:
+    """True where any key differs from the previous row (the keys are already sorted)."""
+    n = len(sorted_keys[0])
+    start = np.zeros(n, dtype=bool)
+    if n:
+        start[0] = True
+        for key in sorted_keys:
+            start[1:] |= key[1:] != key[:-1]
+    return start
+
+
+def _cumsum_within(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Inclusive running sum of non-negative `values`, restarting at each group start."""
+    total = np.cumsum(values, dtype=np.int64)
+    return total - np.maximum.accumulate(np.where(starts, total - values, 0))
+
+
+def _match_responses(records: pd.DataFrame) -> np.ndarray:
+    """For every record, the row of the request it answers within the same node's records (-1: none).
+
+    Request and response share (peer, customer, app, ps timestamp): sorted so, a response follows its
+    request directly."""
+    exchange = records["category"].to_numpy() != CATEGORY_CONTROL
+    keys = [records[name].to_numpy() for name in ("node_id", "peer_id", "category", "customer_id", "app_id",
+                                                   "ps_timestamp")]
+    is_response = ~records["request"].to_numpy()
+    order = np.lexsort([is_response] + keys[::-1] + [~exchange])
+    starts = _group_starts(*(key[order] for key in keys), exchange[order])
+    matched = np.full(len(records), -1, dtype=np.int64)
+    follows_request = ~starts[1:] & ~is_response[order][:-1] & is_response[order][1:] & exchange[order][1:]
+    matched[order[1:][follows_request]] = order[:-1][follows_request]
+    return matched
+
+
+def _assign_iterations(records: pd.DataFrame) -> np.ndarray:
+    """Iteration of every data request (see the module doc); other rows get NO_ITERATION."""
+    request = (records["category"].to_numpy() == CATEGORY_DATA) & records["request"].to_numpy()
+    rows = np.flatnonzero(request)
+    node, peer, key, stamp = (records[name].to_numpy()[rows] for name in
+                              ("node_id", "peer_id", "tensor_key", "ps_timestamp"))
+    order = np.lexsort([stamp, key, peer, node])
+    starts = _group_starts(node[order], peer[order], key[order])
+    slot = records["slot"].to_numpy()[rows][order]
+    is_push = (slot == SLOT_PUSH_REQUEST).astype(np.int64)
+    is_pull = (slot == SLOT_PULL_REQUEST).astype(np.int64)
+    pushes = _cumsum_within(is_push, starts)
+    pulls_before = _cumsum_within(is_pull, starts) - is_pull
+    init_push = (is_push == 1) & (pushes == 1) & (pulls_before == 0)
+    channel = np.cumsum(starts) - 1
+    channel_has_init = np.zeros(channel[-1] + 1 if len(channel) else 0, dtype=np.int64)
+    np.maximum.at(channel_has_init, channel, init_push.astype(np.int64))
+    iteration = np.full(len(records), NO_ITERATION, dtype=np.int64)
+    iteration[rows[order]] = np.maximum(pushes - channel_has_init[channel] - 1, INIT_ITERATION)
+    return iteration
+
+
+def _command_numbers(records: pd.DataFrame, matched: np.ndarray) -> np.ndarray:
+    """Operation numbers of SimpleApp commands (2k request, 2k+1 response, k per node and peer) and of
+    control messages (their order per node and peer)."""
+    number = np.full(len(records), -1, dtype=np.int64)
+    category = records["category"].to_numpy()
+    request = records["request"].to_numpy()
+    for rows, step in ((np.flatnonzero((category == CATEGORY_COMMAND) & request), 2),
+                       (np.flatnonzero(category == CATEGORY_CONTROL), 1)):
+        node, peer, ts = (records[name].to_numpy()[rows] for name in ("node_id", "peer_id", "ts_ns"))
+        order = np.lexsort([ts, peer, node])
+        starts = _group_starts(node[order], peer[order])
+        number[rows[order]] = (_cumsum_within(np.ones(len(rows), dtype=np.int64), starts) - 1) * step
+    responses = np.flatnonzero((category == CATEGORY_COMMAND) & ~request & (matched >= 0))
+    number[responses] = number[matched[responses]] + 1
+    return number
+
+
+def _operation_codes(node_role: np.ndarray, category: np.ndarray, slot: np.ndarray, is_send: np.ndarray,
+                     control_cmd: np.ndarray) -> np.ndarray:
+    """Index into OPERATIONS, or -1 for a record no trace file holds (e.g. a worker's view of a barrier)."""
+    worker, server = node_role == ROLE_WORKER, node_role == ROLE_SERVER
+    data, command = category == CATEGORY_DATA, category == CATEGORY_COMMAND
+    # a worker sends requests and receives responses; a server the other way round
+    worker_ok = worker & (is_send == (slot % 2 == 0))
+    server_ok = server & (is_send == (slot % 2 == 1))
+    n_dlc, n_cmd = len(DLC_OPERATIONS), len(WORKER_COMMAND_OPERATIONS)
+    control = (node_role == ROLE_SCHEDULER) & (category == CATEGORY_CONTROL) & (control_cmd >= 0) & (
+        control_cmd < len(CONTROL_NAMES))
+    return np.select(
+        [data & worker_ok, data & server_ok, command & worker_ok, command & server_ok, control],
+        [slot, len(WORKER_OPERATIONS) + slot, n_dlc + slot, n_dlc + n_cmd + slot,
+         n_dlc + 2 * n_cmd + 2 * control_cmd.astype(np.int64) + ~is_send],
+        -1).astype(np.int64)
+
+
+def kvstore_mode(messages: pd.DataFrame, records: pd.DataFrame) -> tuple[str, str]:
+    """("sync" | "async", why). MXNet announces sync mode with a SimpleApp command; without it (a capture
+    that missed the start), a server that ever answered a push before every worker's push of that round
+    arrived is asynchronous."""
+    if messages["simple_app_cmd"].eq("sync_mode").any():
+        return "sync", "the workers sent the sync_mode command"
+    if messages["flavor"].eq("byteps").any():
+        return "sync", "BytePS servers aggregate every worker's push"
+    server = records[(records["node_role"] == ROLE_SERVER) & (records["category"] == CATEGORY_DATA)
+                     & (records["iteration"] >= 0)]
+    group = ["node_id", "tensor_key", "iteration"]
+    pushes = server[server["slot"] == SLOT_PUSH_REQUEST].groupby(group)["ts_ns"].agg(["max", "size"])
+    answers = server[(server["slot"] == SLOT_PUSH_RESPONSE) | server["fused"] & (server["slot"] == 3)]
+    first_answer = answers.groupby(group)["ts_ns"].min()
+    both = pushes.join(first_answer.rename("first_answer"), how="inner")
+    both = both[both["size"] > 1]
+    if len(both) == 0:
+        return "async", "no sync_mode command and no round with several workers' pushes to tell"
+    if (both["first_answer"] < both["max"]).any():
+        return "async", "no sync_mode command, and servers answered pushes before all workers had pushed"
+    return "sync", "no sync_mode command, but servers always answered after every worker's push"
+
+
+def build_records(dataset: Dataset) -> Trace:
+    """Every node's records (RECORD_COLUMNS) from a decoded job."""
+    messages = dataset.messages
+    if len(messages) == 0:
+        raise AnalysisError(f"{dataset.source}: no ps-lite messages were decoded — nothing to analyse")
+    topology = job_topology(messages, dataset.nodes)
+    vantage = vantage_points(messages)
+    multi = vantage.groupby("node_id").size()
+    sides, seen_twice = _drop_seen_twice(_sides(messages, vantage), multi[multi > 1].index.to_numpy())
+
+    node_role, _ = node_role_rank(sides["node_id"].to_numpy())
+    peer_role, _ = node_role_rank(sides["peer_id"].to_numpy())
+    operation = _operation_codes(node_role, sides["category"].to_numpy(), sides["slot"].to_numpy(),
+                                 sides["is_send"].to_numpy(), sides["control_cmd"].to_numpy())
+    kv_pair = ((node_role == ROLE_WORKER) & (peer_role == ROLE_SERVER)) | (
+        (node_role == ROLE_SERVER) & (peer_role == ROLE_WORKER))
+    keep = (operation >= 0) & (kv_pair | (sides["category"].to_numpy() == CATEGORY_CONTROL))
+    records = sides[keep].reset_index(drop=True)
+    operation, node_role = operation[keep], node_role[keep]
+
+    matched = _match_responses(records)
+    iteration = _assign_iterations(records)
+    answered = matched >= 0
+    unanswerable = ~records["request"].to_numpy() & ~answered & (
+        records["category"].to_numpy() != CATEGORY_CONTROL)
+    iteration[answered] = iteration[matched[answered]]
+    tensor_key = records["tensor_key"].to_numpy().copy()
+    tensor_key[answered] = tensor_key[matched[answered]]
+    request_ts = np.full(len(records), -1, dtype=np.int64)
+    request_ts[answered] = records["ts_ns"].to_numpy()[matched[answered]]
+    slot = records["slot"].to_numpy()
+    data = records["category"].to_numpy() == CATEGORY_DATA
+    op_num = np.where(data, 4 * (iteration + 1) + slot, _command_numbers(records, matched))
+    op_num = np.where(data & (iteration == NO_ITERATION), -1, op_num)
+
+    node_id, peer_id = records["node_id"].to_numpy(), records["peer_id"].to_numpy()
+    worker_side = node_role == ROLE_WORKER
+    worker_id = np.where(worker_side, node_id, peer_id)
+    server_id = np.where(worker_side, peer_id, node_id)
+    _, worker_rank = node_role_rank(worker_id)
+    _, server_rank = node_role_rank(server_id)
+    kv = np.isin(node_role, (ROLE_WORKER, ROLE_SERVER))
+    records = records.assign(
+        node_role=node_role, dlc_rank=dlc_ranks(node_id, topology), peer_dlc_rank=dlc_ranks(peer_id, topology),
+        worker_rank=np.where(kv, worker_rank, -1).astype(np.int32),
+        server_rank=np.where(kv, server_rank, -1).astype(np.int32),
+        operation=pd.Categorical.from_codes(operation, categories=list(OPERATIONS)),
+        tensor_key=tensor_key, iteration=iteration.astype(np.int32), op_num=op_num, request_ts_ns=request_ts,
+    )
+    order = np.lexsort([records["slot"].to_numpy(), records["ts_ns"].to_numpy(), node_id])
+    records = records.iloc[order].reset_index(drop=True)
+    starts = _group_starts(records["node_id"].to_numpy())
+    records["record_id"] = _cumsum_within(np.ones(len(records), dtype=np.int64), starts) - 1
+    mode, evidence = kvstore_mode(messages, records)
+    losses = {
+        "messages": int(len(messages)),
+        "records": int(len(records)),
+        "records_seen_twice_dropped": seen_twice,
+        "records_in_no_trace": int((~keep).sum()),
+        "responses_without_request": int(unanswerable.sum()),
+        "incomplete_records": int((~records["complete"]).sum()),
+    }
+    return Trace(records=records[list(RECORD_COLUMNS)], nodes=_node_table(vantage, topology), topology=topology,
+                 mode=mode, mode_evidence=evidence, losses=losses)
+
+
+def _node_table(vantage: pd.DataFrame, topology: Topology) -> pd.DataFrame:
+    per_node = vantage.groupby("node_id").agg(own=("own", "any"),
+                                              captures=("capture", lambda c: ", ".join(sorted(c))))
+    ids = per_node.index.to_numpy(np.int64)
+    role, rank = node_role_rank(ids)
+    table = pd.DataFrame({
+        "node_id": ids, "name": node_names(ids), "role": np.array(ROLE_NAMES)[role], "rank": rank,
+        "dlc_rank": dlc_ranks(ids, topology),
+        "vantage": np.where(per_node["own"].to_numpy(), "own", "peers"), "captures": per_node["captures"].to_numpy(),
+    })
+    return table[table["role"] != "unknown"].sort_values("dlc_rank", ignore_index=True)

@@ -1,0 +1,1 @@
+"""Sans-IO decoders: capture records -> packets -> TCP streams -> protocol events."""

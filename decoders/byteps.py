@@ -1,0 +1,25 @@
+"""BytePS on top of bytedance/ps-lite: which tensor partition a ps key names.
+
+bytedance/byteps byteps/common/operations.cc gives the i-th declared tensor the keys (i << 16) + part, one per
+partition of at most BYTEPS_PARTITION_BYTES; global.cc EncodeDefaultKey sends each to one server (a hash of
+the key, djb2 by default) as ps key = that server's range begin + key.
+"""
+from __future__ import annotations
+
+from decoders.errors import DecodeError
+from decoders.pslite import server_key_ranges
+
+PARTITION_BITS = 16
+PARTITION_MASK = (1 << PARTITION_BITS) - 1
+
+
+def attribute(ps_key: int, server_rank: int, num_servers: int) -> tuple[int, int]:
+    """(declared tensor index, partition index) of a BytePS ps key sent to or from server `server_rank`.
+    Raises DecodeError when the key is not in that server's range."""
+    if not 0 <= server_rank < num_servers:
+        raise DecodeError(f"server rank {server_rank} is not among {num_servers} servers")
+    begin, end = server_key_ranges(num_servers)[server_rank]
+    if not begin <= ps_key < end:
+        raise DecodeError(f"ps key {ps_key} outside server {server_rank}'s range [{begin}, {end}) of {num_servers}")
+    key = ps_key - begin
+    return key >> PARTITION_BITS, key & PARTITION_MASK

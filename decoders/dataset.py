@@ -1,0 +1,132 @@
+"""The decode output contract: table schemas and the Parquet writer/reader at the edge.
+
+Other code (analysis/, the checks) relies on these exact names; extra columns may follow the contract's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_i64 = pa.int64()
+_list_i64 = pa.list_(pa.int64())
+_list_u64 = pa.list_(pa.uint64())
+
+STREAMS_SCHEMA = pa.schema([
+    ("flow_id", _i64),
+    ("capture", pa.string()),
+    ("src_ip", pa.string()),
+    ("src_port", pa.int32()),
+    ("dst_ip", pa.string()),
+    ("dst_port", pa.int32()),
+    ("first_ts_ns", _i64),
+    ("last_ts_ns", _i64),
+    ("packets", _i64),
+    ("bytes", _i64),
+    ("missing_bytes", _i64),
+    ("retransmitted_bytes", _i64),
+    ("protocol", pa.string()),
+    ("zmtp_version", pa.string()),
+    ("mechanism", pa.string()),
+    ("socket_type", pa.string()),
+    ("identity", pa.string()),
+    ("encrypted", pa.bool_()),
+    # beyond the contract
+    ("reverse_flow_id", _i64),          # the other direction of the same connection, when seen
+    ("syn_seen", pa.bool_()),           # False: the capture started mid-connection
+    ("fin_seen", pa.bool_()),
+    ("rst_seen", pa.bool_()),
+    ("lost_bytes", _i64),               # bytes the ZMTP decoder had to skip to resynchronise
+    ("resyncs", _i64),
+    ("decode_error", pa.string()),      # why decoding stopped on this stream, if it did
+    ("node_id", pa.int32()),            # ps-lite node id of the sending endpoint, when known
+])
+
+ZMTP_SCHEMA = pa.schema([
+    ("flow_id", _i64),
+    ("capture", pa.string()),
+    ("ts_first_ns", _i64),
+    ("ts_last_ns", _i64),
+    ("command", pa.string()),
+    ("frame_sizes", _list_i64),
+    ("size_bytes", _i64),
+    ("complete", pa.bool_()),
+])
+
+MESSAGES_SCHEMA = pa.schema([
+    ("protocol", pa.string()),
+    ("capture", pa.string()),
+    ("flow_id", _i64),
+    ("ts_first_ns", _i64),
+    ("ts_last_ns", _i64),
+    ("sender_id", pa.int32()),
+    ("recver_id", pa.int32()),
+    ("sender_role", pa.string()),
+    ("recver_role", pa.string()),
+    ("request", pa.bool_()),
+    ("push", pa.bool_()),
+    ("pull", pa.bool_()),
+    ("simple_app", pa.bool_()),
+    ("ps_timestamp", pa.int32()),
+    ("head", pa.int32()),
+    ("app_id", pa.int32()),
+    ("customer_id", pa.int32()),
+    ("control_cmd", pa.int32()),
+    ("data_sizes", _list_i64),
+    ("size_bytes", _i64),
+    ("keys", _list_u64),
+    ("tensor_key", _i64),
+    ("server_rank", pa.int32()),
+    ("req_type", pa.string()),
+    ("dtype", pa.string()),
+    ("complete", pa.bool_()),
+    # beyond the contract
+    ("meta_bytes", _i64),               # size of the meta frame
+    ("lens", _list_i64),                # ps-lite lens array (row-sparse / multi-key)
+    ("part", pa.int32()),               # big-array part index (MXNet) or partition (BytePS)
+    ("rows", pa.int32()),               # row-sparse: number of rows carried
+    ("simple_app_cmd", pa.string()),    # MXNet SimpleApp command name
+    ("barrier_group", pa.int32()),
+    ("flavor", pa.string()),            # "dmlc" (MXNet) or "byteps"
+])
+
+NODES_SCHEMA = pa.schema([
+    ("node_id", pa.int32()),
+    ("role", pa.string()),
+    ("rank", pa.int32()),
+    ("hostname", pa.string()),
+    ("port", pa.int32()),
+])
+
+TABLES = {
+    "streams": STREAMS_SCHEMA,
+    "zmtp": ZMTP_SCHEMA,
+    "messages": MESSAGES_SCHEMA,
+    "nodes": NODES_SCHEMA,
+}
+
+
+def table_from_columns(name: str, columns: dict[str, list]) -> pa.Table:
+    """Build a contract table from column lists (missing columns become nulls)."""
+    schema = TABLES[name]
+    n = len(next(iter(columns.values()))) if columns else 0
+    arrays = [pa.array(columns.get(f.name, [None] * n), type=f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_dataset(tables: dict[str, pa.Table], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, table in tables.items():
+        path = out_dir / f"{name}.parquet"
+        pq.write_table(table, path, compression="zstd")
+        written[name] = path
+    return written
+
+
+def read_table(out_dir: Path, name: str) -> pa.Table:
+    path = Path(out_dir) / f"{name}.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found — is {out_dir} the output of `dlcsniff decode`?")
+    return pq.read_table(path)

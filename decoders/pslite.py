@@ -1,0 +1,450 @@
+"""ps-lite messages: the meta frame of dmlc/ps-lite (protobuf) and bytedance/ps-lite (raw C structs).
+
+Pure functions over bytes; a `PsliteDecoder` per ZMTP stream turns one ZMTP message (its frame sizes and the
+bodies the ZMTP decoder kept) into a `PsMessage`. Facts checked against dmlc/ps-lite 34fd45c (the commit MXNet
+1.9.1 pins: src/van.cc PackMeta/UnpackMeta, src/zmq_van.h SendMsg, include/ps/kv_app.h) and bytedance/ps-lite
+(src/meta.h RawMeta/RawNode in its four historical layouts, src/van.cc PackMeta, src/zmq_van.h).
+
+Wire shape of one message:  dmlc     [meta][keys][vals][lens?]        (no data → a lone meta frame)
+                            bytedance [routing "ps<sender id>"]? [meta][keys][vals][lens?]
+The routing frame appears only where a bytedance server or scheduler answers a worker through its ROUTER
+socket (zmq_van.h NonWorkerSendMsg): the ROUTER consumes the destination frame and the sender's own
+"ps<id>" goes on the wire.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from decoders.errors import DecodeError
+from decoders.pslite_meta import PBMeta
+
+K_EMPTY = 2**31 - 1                  # ps-lite's Meta::kEmpty / Node::kEmpty: an unset id, head, timestamp...
+PS_MAX_KEY = 2**64 - 1               # ps-lite base.h kMaxKey
+
+# ps::Control::Command; 6..9 exist only in bytedance/ps-lite
+(EMPTY, TERMINATE, ADD_NODE, BARRIER, ACK, HEARTBEAT,
+ BOOTSTRAP, ADDR_REQUEST, ADDR_RESOLVED, INSTANCE_BARRIER) = range(10)
+CONTROL_CMD_NAMES = ("EMPTY", "TERMINATE", "ADD_NODE", "BARRIER", "ACK", "HEARTBEAT",
+                     "BOOTSTRAP", "ADDR_REQUEST", "ADDR_RESOLVED", "INSTANCE_BARRIER")
+# ps::Node::Role; JOINT only in bytedance/ps-lite
+ROLE_SERVER, ROLE_WORKER, ROLE_SCHEDULER, ROLE_JOINT = range(4)
+ROLE_NAMES = ("server", "worker", "scheduler", "joint")
+# ps::DataType: one per data frame, in the meta
+DATA_TYPE_NAMES = ("CHAR", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+                   "FLOAT", "DOUBLE", "OTHER")
+DATA_TYPE_INT32 = 3                  # the lens frame (SArray<int>)
+DATA_TYPE_UINT64 = 8                 # the keys frame (SArray<Key>, Key = uint64_t)
+KEYS_FRAME, VALS_FRAME, LENS_FRAME = range(3)   # data frame positions used by KVWorker/KVServer
+
+# Node ids (ps/base.h, postoffice.h): scheduler 1, groups 2 (servers) and 4 (workers) and their sums up to 7,
+# server rank r = 8 + 2r, worker rank r = 9 + 2r.
+SCHEDULER_ID = 1
+
+_IDENTITY = re.compile(rb"ps([0-9]{1,10})\Z")
+MAX_ROUTING_FRAME_BYTES = 12         # "ps" + at most 10 digits; every meta frame is longer
+
+
+@dataclass(frozen=True, slots=True)
+class PsNode:
+    role: int
+    id: int | None                   # None: not yet assigned (kEmpty), as in a node's own ADD_NODE request
+    hostname: str
+    port: int | None
+    customer_id: int | None
+    is_recovery: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PsMeta:
+    flavor: str                      # "dmlc" (protobuf meta) or "byteps" (bytedance raw struct meta)
+    head: int | None
+    body: bytes
+    control_cmd: int | None          # None: a data / SimpleApp message (no control, or cmd EMPTY)
+    nodes: tuple[PsNode, ...]
+    barrier_group: int | None        # sent with BARRIER (and INSTANCE_BARRIER); replies carry whatever was in memory
+    msg_sig: int | None              # sent with ACK
+    request: bool
+    push: bool
+    pull: bool                       # bytedance metas have no pull flag: a data message that is not a push
+    simple_app: bool
+    app_id: int | None
+    timestamp: int | None
+    customer_id: int | None
+    data_types: tuple[int, ...]
+    data_size: int | None            # dmlc's ZMQ van leaves it unset
+    priority: int | None = None      # dmlc since 2019
+    # bytedance/ps-lite only (None on dmlc metas)
+    key: int | None = None
+    addr: int | None = None
+    val_len: int | None = None
+    option: int | None = None
+    sid: int | None = None           # layout of 2021-01 onwards
+    src_dev_type: int | None = None  # layouts of 2020-12 onwards
+    src_dev_id: int | None = None
+    dst_dev_type: int | None = None
+    dst_dev_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PsMessage:
+    meta: PsMeta
+    data_sizes: tuple[int, ...]      # one per data frame (the frames after the meta)
+    keys: tuple[int, ...]            # u64 ps keys from the keys frame; () when absent or not captured
+    lens: tuple[int, ...] | None     # int32 lens frame, when the message has one and it was captured
+    size_bytes: int                  # meta + all data frames (not the routing frame)
+    routing_id: str | None           # bytedance "ps<sender id>" routing frame
+    complete: bool
+
+
+def _unset(value: int) -> int | None:
+    return None if value == K_EMPTY else value
+
+
+def _text(value: str | bytes) -> str:
+    # proto2 strings are not UTF-8 checked: the runtime hands back bytes when they are not valid UTF-8
+    return value if isinstance(value, str) else value.decode("utf-8", "backslashreplace")
+
+
+# -- dmlc/ps-lite: protobuf PBMeta -------------------------------------------------------------------------
+
+def _pb_meta(body: bytes | memoryview) -> PBMeta:
+    pb = PBMeta()
+    try:
+        pb.ParseFromString(body)
+    except (ProtobufDecodeError, ValueError) as exc:
+        raise DecodeError(f"not a ps.PBMeta protobuf ({len(body)} bytes): {exc}") from None
+    if not pb.IsInitialized():
+        # PBControl.cmd and PBNode.role are `required`: ps-lite's ParseFromArray rejects a meta without them
+        raise DecodeError(f"ps.PBMeta misses required fields: {', '.join(pb.FindInitializationErrors())}")
+    return pb
+
+
+def _optional(message, name: str) -> int | None:
+    """A proto2 optional int field: None when unset or holding ps-lite's kEmpty."""
+    return _unset(getattr(message, name)) if message.HasField(name) else None
+
+
+def _dmlc_meta(pb: PBMeta) -> PsMeta:
+    control = pb.control if pb.HasField("control") else None
+    nodes = tuple(
+        PsNode(role=n.role, id=_optional(n, "id"), hostname=_text(n.hostname), port=_optional(n, "port"),
+               customer_id=_optional(n, "customer_id"), is_recovery=n.is_recovery)
+        for n in (control.node if control is not None else ()))
+    return PsMeta(
+        flavor="dmlc",
+        head=_optional(pb, "head"),
+        body=pb.body,
+        control_cmd=control.cmd if control is not None and control.cmd != EMPTY else None,
+        nodes=nodes,
+        barrier_group=_optional(control, "barrier_group") if control is not None else None,
+        msg_sig=_optional(control, "msg_sig") if control is not None else None,
+        request=pb.request,
+        push=pb.push,
+        pull=pb.pull,
+        simple_app=pb.simple_app,
+        app_id=_optional(pb, "app_id"),
+        timestamp=_optional(pb, "timestamp"),
+        customer_id=_optional(pb, "customer_id"),
+        data_types=tuple(pb.data_type),
+        data_size=_optional(pb, "data_size"),
+        priority=_optional(pb, "priority"),
+    )
+
+
+def parse_dmlc_meta(body: bytes | memoryview) -> PsMeta:
+    """Decode a dmlc/ps-lite meta frame (protobuf ps.PBMeta). Raises DecodeError."""
+    return _dmlc_meta(_pb_meta(body))
+
+
+def _is_pslite_shaped(pb: PBMeta, body: bytes | memoryview) -> bool:
+    """What every dmlc/ps-lite sender produces: Van::PackMeta has always set head, request, push and simple_app,
+    and protobuf's serializer writes fields in number order with minimal varints, so a real meta re-encodes
+    to exactly its own bytes and holds no field outside the schema."""
+    return (all(pb.HasField(name) for name in ("head", "request", "push", "simple_app"))
+            and len(UnknownFieldSet(pb)) == 0
+            and pb.SerializeToString() == body)
+
+
+# -- bytedance/ps-lite: raw structs, host byte order (little-endian on x86-64) ------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _RawLayout:
+    meta: struct.Struct
+    meta_fields: tuple[str, ...]
+    node: struct.Struct              # unpacks to (role, id, hostname, port, is_recovery, customer_id)
+
+
+# Offsets from bytedance/ps-lite src/meta.h (checked with offsetof on each version compiled by g++, x86-64):
+# head@0 body_size@4 control{cmd@8 node_size@12 barrier_group@16 msg_sig@24} request@32 app_id@36 timestamp@40
+# data_type_size@44, then   88-byte meta: customer_id@48 push@52 simple_app@53 data_size@56 key@64 addr@72
+#                                         val_len@80 option@84
+#                     104/112-byte meta: src_dev_type@48 src_dev_id@52 dst_dev_type@56 dst_dev_id@60
+#                                         customer_id@64 push@68 simple_app@69 data_size@72 key@80 addr@88
+#                                         val_len@96 option@100 (sid@104 in the 112-byte meta)
+# RawNode: role@0 id@4 hostname[64]@8, then  84 bytes: port@72 is_recovery@76 customer_id@80
+#                                           168 bytes: as 84, + endpoint_name[64]@84 endpoint_name_len@152 aux_id@160
+#                                           552 bytes: num_ports@72 ports[32]@76 port@204 dev_types[32]@208
+#                                                      dev_ids[32]@336 is_recovery@464 customer_id@468
+#                                                      endpoint_name[64]@472 endpoint_name_len@536 aux_id@544
+_COMMON = ("head", "body_size", "cmd", "node_size", "barrier_group", "msg_sig", "request",
+           "app_id", "timestamp", "data_type_size")
+_DEVICES = ("src_dev_type", "src_dev_id", "dst_dev_type", "dst_dev_id")
+_TAIL = ("customer_id", "push", "simple_app", "data_size", "key", "addr", "val_len", "option")
+_META_112 = struct.Struct("<5i4xQB3x3i4i i BB2x i4x QQ 3i4x")
+_META_104 = struct.Struct("<5i4xQB3x3i4i i BB2x i4x QQ 2i")
+_META_88 = struct.Struct("<5i4xQB3x3i i BB2x i4x QQ 2i")
+_NODE_552 = struct.Struct("<ii64s4x128xi256xB3xi80x")
+_NODE_168 = struct.Struct("<ii64siB3xi84x")
+_NODE_84 = struct.Struct("<ii64siB3xi")
+_BYTEPS_LAYOUTS = (     # newest first; each from the bytedance/ps-lite commit of that date to the next
+    _RawLayout(_META_112, _COMMON + _DEVICES + _TAIL + ("sid",), _NODE_552),     # 2021-01-24 6dc1966 → today
+    _RawLayout(_META_104, _COMMON + _DEVICES + _TAIL, _NODE_552),               # 2020-12-23 2558dfe
+    _RawLayout(_META_88, _COMMON + _TAIL, _NODE_168),                           # 2020-08-13 51f7248
+    _RawLayout(_META_88, _COMMON + _TAIL, _NODE_84),                            # 2020-01-01 3b7180d
+)
+_BOOL_FIELDS = ("request", "push", "simple_app")
+
+
+def _byteps_layout(frame: memoryview) -> tuple[_RawLayout, dict]:
+    """The layout whose sizeof(RawMeta) + body + 4·data_type_size + node_size·sizeof(RawNode) is the frame size
+    (Van::GetPackMetaLen). With no node both 88-byte layouts decode alike; otherwise the count tells them apart."""
+    for layout in _BYTEPS_LAYOUTS:
+        if len(frame) < layout.meta.size:
+            continue
+        raw = dict(zip(layout.meta_fields, layout.meta.unpack_from(frame)))
+        counts = (raw["body_size"], raw["data_type_size"], raw["node_size"])
+        if min(counts) < 0:
+            continue
+        if layout.meta.size + counts[0] + 4 * counts[1] + counts[2] * layout.node.size == len(frame):
+            return layout, raw
+    raise DecodeError(f"a {len(frame)}-byte frame matches no bytedance/ps-lite RawMeta layout")
+
+
+def parse_byteps_meta(body: bytes | memoryview) -> PsMeta:
+    """Decode a bytedance/ps-lite raw meta frame (RawMeta | body | int32 data_type[] | RawNode[]).
+
+    Detects the layout (112/552, 104/552, 88/168, 88/84 bytes) from the frame size. Raises DecodeError."""
+    frame = memoryview(body).cast("B")
+    layout, raw = _byteps_layout(frame)
+    bad_bools = [name for name in _BOOL_FIELDS if raw[name] > 1]
+    if bad_bools:
+        raise DecodeError(f"RawMeta bool fields {bad_bools} hold bytes other than 0/1")
+    cmd = raw["cmd"]
+    if not 0 <= cmd < len(CONTROL_CMD_NAMES):
+        raise DecodeError(f"RawMeta control cmd {cmd} is not a ps-lite command")
+    pos = layout.meta.size
+    meta_body = bytes(frame[pos:pos + raw["body_size"]])
+    pos += raw["body_size"]
+    data_types = struct.unpack_from(f"<{raw['data_type_size']}i", frame, pos)
+    pos += 4 * raw["data_type_size"]
+    nodes = []
+    for role, node_id, hostname, port, is_recovery, customer_id in layout.node.iter_unpack(frame[pos:]):
+        if not 0 <= role < len(ROLE_NAMES) or is_recovery > 1:
+            raise DecodeError(f"RawNode role {role} / is_recovery {is_recovery} out of range")
+        nodes.append(PsNode(role=role, id=_unset(node_id), hostname=_text(hostname.split(b"\0", 1)[0]),
+                            port=_unset(port), customer_id=_unset(customer_id), is_recovery=bool(is_recovery)))
+    control = cmd != EMPTY
+    simple_app = bool(raw["simple_app"])
+    return PsMeta(
+        flavor="byteps",
+        head=_unset(raw["head"]),
+        body=meta_body,
+        control_cmd=cmd if control else None,
+        nodes=tuple(nodes),
+        # PackMeta copies barrier_group only for BARRIER/INSTANCE_BARRIER and msg_sig only for ACK
+        barrier_group=raw["barrier_group"] if cmd in (BARRIER, INSTANCE_BARRIER) else None,
+        msg_sig=raw["msg_sig"] if cmd == ACK else None,
+        request=bool(raw["request"]),
+        push=bool(raw["push"]),
+        pull=not (control or simple_app or raw["push"]),
+        simple_app=simple_app,
+        app_id=_unset(raw["app_id"]),
+        timestamp=_unset(raw["timestamp"]),
+        customer_id=_unset(raw["customer_id"]),
+        data_types=data_types,
+        data_size=raw["data_size"],
+        key=raw["key"],
+        addr=raw["addr"],
+        val_len=raw["val_len"],
+        option=raw["option"],
+        sid=raw.get("sid"),
+        src_dev_type=raw.get("src_dev_type"),
+        src_dev_id=raw.get("src_dev_id"),
+        dst_dev_type=raw.get("dst_dev_type"),
+        dst_dev_id=raw.get("dst_dev_id"),
+    )
+
+
+def _parse_strict(body: bytes | memoryview) -> PsMeta:
+    """Either flavor, accepting a dmlc meta only when it is shaped as ps-lite writes it (see _is_pslite_shaped):
+    how a stream's flavor is first decided and how a resynchronising ZMTP decoder tells a meta frame."""
+    try:
+        pb = _pb_meta(body)
+    except DecodeError:
+        return parse_byteps_meta(body)
+    if _is_pslite_shaped(pb, body):
+        return _dmlc_meta(pb)
+    return parse_byteps_meta(body)
+
+
+def looks_like_meta(body_prefix: bytes | memoryview) -> bool:
+    """Whether a ZMTP frame body can open a ps-lite message: a meta frame of either flavor, or a bytedance
+    routing frame "ps<id>" (which precedes the meta). The ZMTP decoder's resync validator.
+
+    Needs the whole frame: a meta frame is small (tens of bytes; ADD_NODE lists and SimpleApp bodies more),
+    and a cut one is rejected."""
+    if len(body_prefix) <= MAX_ROUTING_FRAME_BYTES and parse_identity(body_prefix) is not None:
+        return True
+    try:
+        _parse_strict(body_prefix)
+    except DecodeError:
+        return False
+    return True
+
+
+# -- node ids ----------------------------------------------------------------------------------------------
+
+def parse_identity(identity: bytes | memoryview | str | None) -> int | None:
+    """Node id from a ps-lite ZMQ identity or routing frame (`b"ps9"` → 9); None for anything else (an empty
+    identity: a node's first connection to the scheduler, before it has an id)."""
+    if identity is None:
+        return None
+    raw = identity.encode("latin-1") if isinstance(identity, str) else bytes(identity)
+    match = _IDENTITY.match(raw)
+    return int(match.group(1)) if match else None
+
+
+def node_role(node_id: int | None) -> str | None:
+    """"scheduler", "server", "worker", "group" (2..7: a set of the scheduler, server and worker groups) or
+    None (no id / not a ps-lite id)."""
+    if node_id is None or node_id < 1:
+        return None
+    if node_id == SCHEDULER_ID:
+        return "scheduler"
+    if node_id < 8:
+        return "group"
+    return "server" if node_id % 2 == 0 else "worker"
+
+
+role_of_id = node_role   # the name decoders.pipeline uses
+
+
+def server_rank(node_id: int) -> int:
+    if node_role(node_id) != "server":
+        raise ValueError(f"node id {node_id} is not a server id (even, >= 8)")
+    return (node_id - 8) // 2
+
+
+def worker_rank(node_id: int) -> int:
+    if node_role(node_id) != "worker":
+        raise ValueError(f"node id {node_id} is not a worker id (odd, >= 9)")
+    return (node_id - 9) // 2
+
+
+def rank_of_id(node_id: int | None) -> int | None:
+    """Server or worker rank of a node id; None for the scheduler, groups and unknown ids."""
+    role = node_role(node_id)
+    if role == "server":
+        return server_rank(node_id)
+    if role == "worker":
+        return worker_rank(node_id)
+    return None
+
+
+def server_key_ranges(num_servers: int) -> list[tuple[int, int]]:
+    """[begin, end) ps key range of each server rank (ps-lite Postoffice::GetServerKeyRanges:
+    kMaxKey / S · i, the division first, in u64)."""
+    if num_servers < 1:
+        raise ValueError(f"num_servers must be >= 1, not {num_servers}")
+    width = PS_MAX_KEY // num_servers
+    return [(width * rank, width * (rank + 1)) for rank in range(num_servers)]
+
+
+# -- one ZMTP message → one ps-lite message ---------------------------------------------------------------
+
+def _array(frame: bytes | memoryview | None, size: int, dtype: str, what: str) -> np.ndarray | None:
+    """The frame as a little-endian array; None when its body was not captured (skipped or cut short)."""
+    if frame is None or len(frame) != size:
+        return None
+    itemsize = np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise DecodeError(f"{what} frame of {size} bytes is not a whole number of {itemsize}-byte items")
+    return np.frombuffer(frame, dtype=dtype)
+
+
+class PsliteDecoder:
+    """Decodes the ps-lite messages of one ZMTP stream (one direction of one connection).
+
+    Learns the flavor (dmlc or bytedance) from the first message it decodes and whether this stream carries
+    bytedance routing frames, then holds to both."""
+
+    def __init__(self) -> None:
+        self.flavor: str | None = None
+        self.routed: bool | None = None
+        self._first_frame_size = 0
+
+    def keep_body(self, frame_index: int, size: int) -> bool:
+        """For ZmtpDecoder: keep the routing frame, the meta, the keys and the lens frame; never the values.
+
+        Called for the frames of a message in order, before their bodies arrive."""
+        if frame_index == 0:
+            self._first_frame_size = size
+            return True
+        routed = self.routed
+        if routed is None:
+            routed = self.flavor != "dmlc" and self._first_frame_size <= MAX_ROUTING_FRAME_BYTES
+        data_index = frame_index - (2 if routed else 1)
+        return data_index != VALS_FRAME
+
+    def _meta(self, frame: bytes | memoryview, routed: bool) -> PsMeta:
+        if self.flavor == "dmlc":
+            return parse_dmlc_meta(frame)
+        if self.flavor == "byteps" or routed:
+            return parse_byteps_meta(frame)
+        return _parse_strict(frame)
+
+    def decode(self, frame_sizes: tuple[int, ...], frames: tuple[bytes | memoryview | None, ...],
+               complete: bool) -> PsMessage:
+        """One ZMTP message → PsMessage. Raises DecodeError when it is not a ps-lite message."""
+        if not frame_sizes:
+            raise DecodeError("a ZMTP message without frames")
+        routing_id = None
+        if (self.flavor != "dmlc" and len(frame_sizes) > 1 and frame_sizes[0] <= MAX_ROUTING_FRAME_BYTES
+                and parse_identity(frames[0]) is not None):
+            routing_id = bytes(frames[0]).decode("ascii")
+        meta_index = 0 if routing_id is None else 1
+        meta_frame = frames[meta_index]
+        if meta_frame is None or len(meta_frame) != frame_sizes[meta_index]:
+            raise DecodeError(f"the meta frame ({frame_sizes[meta_index]} bytes) was not captured whole")
+        meta = self._meta(meta_frame, routing_id is not None)
+
+        data_sizes = tuple(frame_sizes[meta_index + 1:])
+        data_frames = frames[meta_index + 1:]
+        types = meta.data_types
+        if len(types) != len(data_sizes) and (complete or len(data_sizes) > len(types)):
+            raise DecodeError(f"the meta announces {len(types)} data frames, the message has {len(data_sizes)}")
+        keys = lens = None
+        if len(data_sizes) > KEYS_FRAME and types[KEYS_FRAME] == DATA_TYPE_UINT64:
+            keys = _array(data_frames[KEYS_FRAME], data_sizes[KEYS_FRAME], "<u8", "keys")
+        if len(data_sizes) > LENS_FRAME and types[LENS_FRAME] == DATA_TYPE_INT32:
+            lens = _array(data_frames[LENS_FRAME], data_sizes[LENS_FRAME], "<i4", "lens")
+        if keys is not None and lens is not None and len(keys) != len(lens):
+            raise DecodeError(f"{len(keys)} keys but {len(lens)} lens (KVServer requires one len per key)")
+
+        self.flavor = meta.flavor
+        self.routed = routing_id is not None
+        return PsMessage(
+            meta=meta,
+            data_sizes=data_sizes,
+            keys=tuple(keys.tolist()) if keys is not None else (),
+            lens=tuple(lens.tolist()) if lens is not None else None,
+            size_bytes=sum(frame_sizes[meta_index:]),
+            routing_id=routing_id,
+            complete=complete,
+        )

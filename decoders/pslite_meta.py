@@ -1,0 +1,74 @@
+"""dmlc/ps-lite's wire schema (`src/meta.proto`, package `ps`, proto2), built at import time.
+
+The descriptor is assembled here from the field table below instead of compiling the upstream .proto:
+no protoc at build time and no generated code in the tree. Field numbers and types are those of
+dmlc/ps-lite at 34fd45c, the commit MXNet 1.9.1 pins (unchanged on dmlc/ps-lite master); `pull` (12) and
+`priority` (13) arrived in 2019, so older senders simply leave them unset.
+"""
+from __future__ import annotations
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+_F = descriptor_pb2.FieldDescriptorProto
+_OPTIONAL, _REQUIRED, _REPEATED = _F.LABEL_OPTIONAL, _F.LABEL_REQUIRED, _F.LABEL_REPEATED
+_INT32, _UINT64, _BOOL = _F.TYPE_INT32, _F.TYPE_UINT64, _F.TYPE_BOOL
+_STRING, _BYTES, _MESSAGE = _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_MESSAGE
+
+# message name -> (field name, number, label, type, message type name, default) in meta.proto order
+_SCHEMA: dict[str, tuple[tuple, ...]] = {
+    "PBNode": (
+        ("role", 1, _REQUIRED, _INT32, None, None),
+        ("id", 2, _OPTIONAL, _INT32, None, None),
+        ("hostname", 3, _OPTIONAL, _STRING, None, None),
+        ("port", 4, _OPTIONAL, _INT32, None, None),
+        ("is_recovery", 5, _OPTIONAL, _BOOL, None, None),
+        ("customer_id", 10, _OPTIONAL, _INT32, None, None),
+    ),
+    "PBControl": (
+        ("cmd", 1, _REQUIRED, _INT32, None, None),
+        ("node", 2, _REPEATED, _MESSAGE, ".ps.PBNode", None),
+        ("barrier_group", 3, _OPTIONAL, _INT32, None, None),
+        ("msg_sig", 4, _OPTIONAL, _UINT64, None, None),
+    ),
+    "PBMeta": (
+        ("head", 1, _OPTIONAL, _INT32, None, None),
+        ("body", 2, _OPTIONAL, _BYTES, None, None),
+        ("control", 3, _OPTIONAL, _MESSAGE, ".ps.PBControl", None),
+        ("request", 4, _OPTIONAL, _BOOL, None, "false"),
+        ("app_id", 7, _OPTIONAL, _INT32, None, None),
+        ("timestamp", 8, _OPTIONAL, _INT32, None, None),
+        ("data_type", 9, _REPEATED, _INT32, None, None),      # [packed=true]
+        ("customer_id", 10, _OPTIONAL, _INT32, None, None),
+        ("push", 5, _OPTIONAL, _BOOL, None, None),
+        ("pull", 12, _OPTIONAL, _BOOL, None, None),
+        ("simple_app", 6, _OPTIONAL, _BOOL, None, "false"),
+        ("data_size", 11, _OPTIONAL, _INT32, None, None),
+        ("priority", 13, _OPTIONAL, _INT32, None, "0"),
+    ),
+}
+_PACKED = {("PBMeta", "data_type")}
+
+
+def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    proto = descriptor_pb2.FileDescriptorProto(name="ps/meta.proto", package="ps", syntax="proto2")
+    proto.options.optimize_for = descriptor_pb2.FileOptions.LITE_RUNTIME
+    for message_name, fields in _SCHEMA.items():
+        message = proto.message_type.add(name=message_name)
+        for name, number, label, type_, type_name, default in fields:
+            field = message.field.add(name=name, number=number, label=label, type=type_)
+            if type_name is not None:
+                field.type_name = type_name
+            if default is not None:
+                field.default_value = default
+            if (message_name, name) in _PACKED:
+                field.options.packed = True
+    return proto
+
+
+# A private pool: another `ps/meta.proto` loaded into the default pool by some other library cannot clash.
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(_file_descriptor())
+
+PBNode = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBNode"))
+PBControl = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBControl"))
+PBMeta = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBMeta"))

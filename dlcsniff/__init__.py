@@ -1,0 +1,2 @@
+"""dlcsniff command-line interface."""
+__version__ = "0.1.0"

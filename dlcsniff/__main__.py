@@ -1,0 +1,3 @@
+from dlcsniff.cli import app
+
+app(prog_name="dlcsniff")

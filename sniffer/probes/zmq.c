@@ -1,0 +1,107 @@
+// libzmq per-message API events: one event per frame handed to or taken from libzmq.
+//
+//   int zmq_msg_send (zmq_msg_t *msg, void *socket, int flags);   returns the frame size or -1
+//   int zmq_msg_recv (zmq_msg_t *msg, void *socket, int flags);
+//   int zmq_send (void *socket, const void *buf, size_t len, int flags);
+//   int zmq_recv (void *socket, void *buf, size_t len, int flags);  returns the frame size (may exceed len)
+//
+// The entry probe notes the arguments per thread, the return probe emits the event with the result:
+// failed calls (EAGAIN polling, EINTR) are not messages and are not reported. The event's head time is
+// the call, `return_ts_ns` its return. zmq_sendmsg/zmq_recvmsg (deprecated aliases that call
+// zmq_msg_send/recv) are not probed, so nothing is counted twice.
+struct zmq_event {
+    struct event_head head;
+    u64 return_ts_ns;
+    u64 socket;            // the zmq socket handle: one per ZMQ socket in the process
+    u64 msg;               // zmq_msg_t * (or the buffer for zmq_send/zmq_recv)
+    s64 size;              // frame bytes
+    s32 flags;             // flags argument (ZMQ_DONTWAIT 1, ZMQ_SNDMORE 2)
+    u16 function;          // ZMQ_FN_*
+    u8 more;               // 1: more frames follow, 0: last frame, 255: not known
+    u8 reserved;
+};
+_Static_assert(sizeof(struct zmq_event) == ZMQ_EVENT_BYTES, "zmq_event differs from sniffer/events.py");
+
+struct zmq_call {
+    u64 ts_ns;
+    u64 socket;
+    u64 msg;
+    s32 flags;
+    u32 netns;
+    u16 function;
+};
+BPF_HASH(zmq_calls, u64, struct zmq_call, 16384);     // thread -> call in progress
+
+static __always_inline int zmq_enter(u16 function, u64 socket, u64 msg, s32 flags) {
+    u32 netns = task_netns();
+    if (!netns_watched(netns))
+        return 0;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct zmq_call call = {.ts_ns = bpf_ktime_get_ns(), .socket = socket, .msg = msg, .flags = flags,
+                            .netns = netns, .function = function};
+    zmq_calls.update(&pid_tgid, &call);
+    return 0;
+}
+
+static __always_inline int zmq_exit(struct pt_regs *ctx, u16 kind) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct zmq_call *call = zmq_calls.lookup(&pid_tgid);
+    if (!call)
+        return 0;
+    struct zmq_call done = *call;
+    zmq_calls.delete(&pid_tgid);
+    s64 size = (int)PT_REGS_RC(ctx);
+    if (size < 0)
+        return 0;
+    struct zmq_event *event = events.ringbuf_reserve(sizeof(struct zmq_event));
+    if (!event) {
+        count_lost(kind);
+        return 0;
+    }
+    __builtin_memset(event, 0, sizeof(*event));
+    fill_head(&event->head, kind, done.netns);
+    event->return_ts_ns = event->head.ts_ns;
+    event->head.ts_ns = done.ts_ns;
+    event->socket = done.socket;
+    event->msg = done.msg;
+    event->size = size;
+    event->flags = done.flags;
+    event->function = done.function;
+    if (done.function == ZMQ_FN_MSG_SEND || done.function == ZMQ_FN_SEND) {
+        event->more = (done.flags & ZMQ_SNDMORE_FLAG) ? 1 : 0;
+    } else if (done.function == ZMQ_FN_MSG_RECV) {
+        // libzmq 4.2 and 4.3 keep the frame's flags byte at this offset of the 64-byte zmq_msg_t
+        // (msg.hpp: metadata pointer, 34 unused bytes, type, flags); bit 0 is `more`.
+        u8 msg_flags = 0;
+        bpf_probe_read_user(&msg_flags, sizeof(msg_flags), (char *)done.msg + ZMQ_MSG_FLAGS_OFFSET);
+        event->more = msg_flags & 1;
+    } else {
+        event->more = 255;     // zmq_recv copies into a buffer: the flag stays inside libzmq
+    }
+    events.ringbuf_submit(event, 0);
+    return 0;
+}
+
+int zmq_msg_send_enter(struct pt_regs *ctx) {
+    return zmq_enter(ZMQ_FN_MSG_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM3(ctx));
+}
+
+int zmq_msg_recv_enter(struct pt_regs *ctx) {
+    return zmq_enter(ZMQ_FN_MSG_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM3(ctx));
+}
+
+int zmq_send_enter(struct pt_regs *ctx) {
+    return zmq_enter(ZMQ_FN_SEND, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s32)PT_REGS_PARM4(ctx));
+}
+
+int zmq_recv_enter(struct pt_regs *ctx) {
+    return zmq_enter(ZMQ_FN_RECV, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s32)PT_REGS_PARM4(ctx));
+}
+
+int zmq_send_return(struct pt_regs *ctx) {
+    return zmq_exit(ctx, KIND_ZMQ_SEND);
+}
+
+int zmq_recv_return(struct pt_regs *ctx) {
+    return zmq_exit(ctx, KIND_ZMQ_RECV);
+}

@@ -1,0 +1,428 @@
+"""Record real distributed jobs, one capture per node, with the programs' own ground truth beside them.
+
+    python -m sniffer.record all --out pcaps --workload-python .venv-workloads/bin/python
+    python -m sniffer.record mxnet --job big --model wide_mlp --batches 20 --bigarray-bound 65536 --out DIR ...
+    python -m sniffer.record zmq --out DIR --workload-python ...
+
+Each job lands in DIR/<job>/ (written beside it first, then renamed into place):
+- <node>.pcap.gz  tcpdump -i any (eth0 and lo) of the node (its own network namespace, MTU 1500, offloads off), gzip -9
+- <node>.log      the node's stderr (MXNet: ps-lite's PS_VERBOSE=2 message log)
+- <node>.json     MXNet: the node's own record of what it did (see sniffer/workloads/mxnet_job.py)
+- zmq_record.json zmq: every message the workload sent (see sniffer/workloads/zmq_job.py)
+- job.json        the job: nodes (name, role, rank, ps-lite id, ip, netns, pid, port), settings, env,
+                  times, tool versions, capture counts, exit codes.
+Needs root (network namespaces, tcpdump).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sniffer.netns import Capture, Cluster, NetnsError
+
+WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+SCHEDULER_PORT = 9091
+SERVER_PORT = 9100
+WORKER_PORT = 9200
+ZMQ_BASE_PORT = 5555
+JOB_TIMEOUT_S = 60.0
+# How long a node may linger after its own record says it finished (MXNet can hang in its exit path).
+STRAGGLER_GRACE_S = 10.0
+# Time for the last FIN/ACKs to cross the bridge once every process has exited.
+CAPTURE_SETTLE_S = 0.2
+POLL_S = 0.1
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+            "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# ps-lite prints its node id once the scheduler assigned it: "W[11] is connected to others" (or "Bind ... id=1").
+PSLITE_NODE_ID_RE = re.compile(r"[HSW]\[(\d+)\] is connected to others|Bind to role=\w+, id=(\d+)")
+
+
+class RecordError(RuntimeError):
+    """A job could not be recorded (a node failed, hung, or a tool is missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MXNetJobSpec:
+    name: str
+    kvstore: str
+    model: str
+    batches: int
+    batch_size: int = 32
+    num_servers: int = 2
+    num_workers: int = 2
+    bigarray_bound: int | None = None
+
+
+MXNET_JOBS = {
+    spec.name: spec
+    for spec in (
+        MXNetJobSpec("mxnet_sync", "dist_sync", "mlp", batches=10),
+        MXNetJobSpec("mxnet_async", "dist_async", "mlp", batches=10),
+        # Lower bound than MXNet's default (1,000,000 elements): the 1.28 M-element weight is split across
+        # both servers and so is nothing else, while the capture stays small.
+        MXNetJobSpec("mxnet_sync_large", "dist_sync", "wide_mlp", batches=5, bigarray_bound=65536),
+        MXNetJobSpec("mxnet_sparse", "dist_sync", "sparse_embedding", batches=8),
+    )
+}
+ZMQ_JOB = "zmq"
+ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB)
+
+
+@dataclass(slots=True)
+class NodeRun:
+    name: str
+    role: str
+    process: subprocess.Popen
+    capture: Capture
+    record_path: Path | None
+    port: int | None = None
+    exit_code: int | None = None
+    killed: bool = False
+
+
+def _tool_versions(workload_python: str) -> dict[str, str]:
+    tcpdump = subprocess.run(["tcpdump", "--version"], capture_output=True, text=True, check=False)
+    first_line = (tcpdump.stdout or tcpdump.stderr).splitlines()
+    return {
+        "tcpdump": first_line[0].removeprefix("tcpdump version ").strip() if first_line else "unknown",
+        "python": subprocess.run([workload_python, "-c", "import platform; print(platform.python_version())"],
+                                 capture_output=True, text=True, check=True).stdout.strip(),
+    }
+
+
+def _read_record(path: Path | None) -> dict | None:
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _gzip_capture(pcap: Path) -> Path:
+    gz_path = pcap.with_name(pcap.name + ".gz")
+    with open(pcap, "rb") as raw, gzip.GzipFile(gz_path, "wb", compresslevel=9, mtime=0) as packed:
+        shutil.copyfileobj(raw, packed, length=1 << 20)
+    pcap.unlink()
+    return gz_path
+
+
+def _pslite_node_id(log_path: Path) -> int | None:
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        for line in log:
+            found = PSLITE_NODE_ID_RE.search(line)
+            if found:
+                return int(found.group(1) or found.group(2))
+    return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []
+    return "\n".join(text[-lines:])
+
+
+def _kill(nodes: Sequence[NodeRun]) -> None:
+    for node in nodes:
+        if node.process.poll() is None:
+            node.process.kill()
+            node.killed = True
+    for node in nodes:
+        node.process.wait()
+
+
+def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float) -> None:
+    """Wait until every node exits. A node still alive STRAGGLER_GRACE_S after its own record said it
+    finished is killed (MXNet may hang in its exit path). A node that fails, or a job still running after
+    timeout_s, ends the job: the rest are killed and RecordError names the culprits with their log tails."""
+    deadline = time.monotonic() + timeout_s
+    finished_at: dict[str, float] = {}
+    while True:
+        now = time.monotonic()
+        alive = [node for node in nodes if node.process.poll() is None]
+        failed = [node for node in nodes if node.process.poll() not in (None, 0) and not node.killed]
+        if failed or now > deadline:
+            _kill(nodes)
+            culprits = failed or alive
+            reason = "failed" if failed else f"still running after {timeout_s} s"
+            details = "\n".join(f"--- {node.name} (exit {node.process.returncode}) log tail:\n"
+                                f"{_tail(node.capture.path.with_suffix('.log'))}" for node in culprits)
+            raise RecordError(f"nodes {reason}: {', '.join(node.name for node in culprits)}\n{details}")
+        if not alive:
+            break
+        for node in alive:
+            record = _read_record(node.record_path)
+            if record and record.get("finished"):
+                finished_at.setdefault(node.name, now)
+            if node.name in finished_at and now - finished_at[node.name] > STRAGGLER_GRACE_S:
+                node.process.kill()
+                node.killed = True
+        time.sleep(POLL_S)
+    for node in nodes:
+        node.exit_code = node.process.returncode
+
+
+def _finish_captures(nodes: Sequence[NodeRun]) -> dict[str, dict]:
+    time.sleep(CAPTURE_SETTLE_S)
+    stats = {node.name: asdict(node.capture.stop()) for node in nodes}
+    for node in nodes:
+        _gzip_capture(node.capture.path)
+    return stats
+
+
+def _node_entry(cluster: Cluster, node: NodeRun, capture_stats: dict) -> dict:
+    host = cluster.host(node.name)
+    return {
+        "name": node.name,
+        "role": node.role,
+        "ip": host.ip,
+        "netns": host.netns,
+        "interface": "any",
+        "pid": node.process.pid,
+        "port": node.port,
+        "exit_code": node.exit_code,
+        "killed_by_recorder": node.killed,
+        "capture": f"{node.name}.pcap.gz",
+        "capture_stats": capture_stats,
+        "log": f"{node.name}.log",
+    }
+
+
+def _prepare_job_dir(out_dir: Path, job: str) -> Path:
+    staging = out_dir / f".{job}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _publish_job_dir(staging: Path, out_dir: Path, job: str, job_record: dict) -> Path:
+    (staging / "job.json").write_text(json.dumps(job_record, indent=1) + "\n")
+    final = out_dir / job
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    return final
+
+
+def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
+                     *, timeout_s: float = JOB_TIMEOUT_S) -> Path:
+    """Run one MXNet parameter-server job, each node in its own namespace and capture; return its directory."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, spec.name)
+    node_names = ["scheduler", *(f"server{i}" for i in range(spec.num_servers)),
+                  *(f"worker{i}" for i in range(spec.num_workers))]
+    started_ns = time.time_ns()
+    with Cluster(f"{spec.name}-{os.getpid()}", node_names) as cluster:
+        scheduler_ip = cluster.host("scheduler").ip
+        job_env = {
+            "DMLC_PS_ROOT_URI": scheduler_ip,
+            "DMLC_PS_ROOT_PORT": str(SCHEDULER_PORT),
+            "DMLC_NUM_SERVER": str(spec.num_servers),
+            "DMLC_NUM_WORKER": str(spec.num_workers),
+            "DMLC_INTERFACE": "eth0",
+            "PS_VERBOSE": "2",
+        }
+        if spec.bigarray_bound is not None:
+            job_env["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(spec.bigarray_bound)
+        nodes: list[NodeRun] = []
+        try:
+            for name in node_names:
+                role = name.rstrip("0123456789")
+                port = {"scheduler": SCHEDULER_PORT, "server": SERVER_PORT, "worker": WORKER_PORT}[role]
+                node_env = {**BASE_ENV, **job_env, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.host(name).ip}
+                if role != "scheduler":
+                    node_env["PORT"] = str(port)  # ps-lite's own variable for a node's listening port
+                # "any": eth0 plus lo, where a node's messages to itself travel (the scheduler's barrier
+                # replies to itself, every node's TERMINATE) — so the capture holds all ps-lite logs.
+                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
+                record_path = job_dir / f"{name}.json"
+                argv = [workload_python, str(WORKLOADS_DIR / "mxnet_job.py"), "--record", str(record_path),
+                        "--model", spec.model, "--kvstore", spec.kvstore, "--batches", str(spec.batches),
+                        "--batch-size", str(spec.batch_size)]
+                with open(job_dir / f"{name}.log", "wb") as log:
+                    process = cluster.popen(name, argv, env=node_env, stdout=log, stderr=log)
+                nodes.append(NodeRun(name, role, process, capture, record_path, port))
+            _wait_for_nodes(nodes, timeout_s)
+            capture_stats = _finish_captures(nodes)
+        except RecordError as exc:
+            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
+        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+    ended_ns = time.time_ns()
+    records = {node.name: _read_record(node.record_path) for node in nodes}
+    for entry in node_entries:
+        record = records[entry["name"]] or {}
+        entry["record"] = f"{entry['name']}.json"
+        entry["pslite_id"] = _pslite_node_id(job_dir / entry["log"])
+        entry["rank"] = record.get("rank") if entry["role"] == "worker" else None
+    # Servers: ps-lite ids 8 + 2r (ps::Postoffice::ServerRankToID).
+    for entry in node_entries:
+        if entry["role"] == "server" and entry["pslite_id"] is not None:
+            entry["rank"] = (entry["pslite_id"] - 8) // 2
+        elif entry["role"] == "scheduler":
+            entry["rank"] = 0
+    worker_records = [records[node.name] for node in nodes if node.role == "worker"]
+    versions = {**_tool_versions(workload_python), **(worker_records[0] or {}).get("versions", {})}
+    job_record = {
+        "job": spec.name,
+        "framework": "mxnet",
+        "transport": "ps-lite/zmq",
+        "mode": spec.kvstore,
+        "model": spec.model,
+        "batches": spec.batches,
+        "batch_size": spec.batch_size,
+        "num_servers": spec.num_servers,
+        "num_workers": spec.num_workers,
+        "bigarray_bound": spec.bigarray_bound,
+        "env": job_env,
+        "subnet": str(cluster.subnet),
+        "mtu": cluster.mtu,
+        "start_ns": started_ns,
+        "end_ns": ended_ns,
+        "versions": versions,
+        "nodes": node_entries,
+    }
+    return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
+
+
+def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JOB_TIMEOUT_S) -> Path:
+    """Run the pyzmq workload between two namespaces (client connects, server binds); return its directory."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, ZMQ_JOB)
+    started_ns = time.time_ns()
+    with Cluster(f"{ZMQ_JOB}-{os.getpid()}", ["server", "client"]) as cluster:
+        server_ip = cluster.host("server").ip
+        nodes: list[NodeRun] = []
+        try:
+            for name in ("server", "client"):
+                # "any": eth0 plus lo, where a node's messages to itself travel (the scheduler's barrier
+                # replies to itself, every node's TERMINATE) — so the capture holds all ps-lite logs.
+                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
+                record_path = job_dir / f"{name}.json"
+                argv = [workload_python, str(WORKLOADS_DIR / "zmq_job.py"), name, "--server-ip", server_ip,
+                        "--base-port", str(ZMQ_BASE_PORT), "--record", str(record_path)]
+                with open(job_dir / f"{name}.log", "wb") as log:
+                    process = cluster.popen(name, argv, env=BASE_ENV, stdout=log, stderr=log)
+                nodes.append(NodeRun(name, name, process, capture, record_path))
+            _wait_for_nodes(nodes, timeout_s)
+            capture_stats = _finish_captures(nodes)
+        except RecordError as exc:
+            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
+        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+    ended_ns = time.time_ns()
+    records = {node.name: _read_record(node.record_path) for node in nodes}
+    merged = merge_zmq_records(records["server"], records["client"])
+    (job_dir / "zmq_record.json").write_text(json.dumps(merged, indent=1) + "\n")
+    for node in nodes:
+        node.record_path.unlink()
+    job_record = {
+        "job": ZMQ_JOB,
+        "framework": "pyzmq",
+        "transport": "zmtp",
+        "mode": "patterns",
+        "env": {},
+        "subnet": str(cluster.subnet),
+        "mtu": cluster.mtu,
+        "start_ns": started_ns,
+        "end_ns": ended_ns,
+        "versions": {**_tool_versions(workload_python), **merged["versions"]},
+        "nodes": node_entries,
+        "record": "zmq_record.json",
+    }
+    return _publish_job_dir(job_dir, out_dir, ZMQ_JOB, job_record)
+
+
+def merge_zmq_records(server: dict, client: dict) -> dict:
+    """One record for the job: both sides' messages in time order, each marked `on_wire`.
+
+    A PUB send matched by no subscription never leaves the publisher: the SUB's receives, in order,
+    are the PUB sends that travelled."""
+    pub_sends = [m for m in server["messages"] if m["type"] == "PUB" and m["direction"] == "send"]
+    sub_receives = [m for m in client["messages"] if m["type"] == "SUB" and m["direction"] == "recv"]
+    for message in [*server["messages"], *client["messages"]]:
+        message["on_wire"] = True
+    next_receive = 0
+    for send in pub_sends:
+        delivered = next_receive < len(sub_receives) and sub_receives[next_receive]["frames"] == send["frames"]
+        send["on_wire"] = delivered
+        next_receive += delivered
+    if next_receive != len(sub_receives):
+        raise RecordError("the SUB received messages the PUB record does not hold in that order")
+    messages = sorted([*server["messages"], *client["messages"]],
+                      key=lambda message: message.get("send_ns", message.get("recv_ns")))
+    return {"versions": client["versions"], "sockets": [*server["sockets"], *client["sockets"]],
+            "curve": {**server["curve"], **client["curve"]}, "messages": messages}
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sniffer.record", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command, help_text in (("all", "record every bundled job"), ("mxnet", "record one MXNet job"),
+                               ("zmq", "record the pyzmq job")):
+        sub = commands.add_parser(command, help=help_text)
+        sub.add_argument("--out", type=Path, required=True, help="directory receiving one folder per job")
+        sub.add_argument("--workload-python", required=True, help="python of the venv holding mxnet/pyzmq")
+        sub.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S, help="seconds a job may take")
+        if command == "all":
+            sub.add_argument("--jobs", nargs="+", choices=ALL_JOBS, default=list(ALL_JOBS))
+        if command == "mxnet":
+            sub.add_argument("--job", required=True, help="job (and folder) name")
+            sub.add_argument("--kvstore", default="dist_sync", choices=["dist_sync", "dist_async"])
+            sub.add_argument("--model", default="mlp", choices=["mlp", "wide_mlp", "sparse_embedding"])
+            sub.add_argument("--batches", type=int, default=10)
+            sub.add_argument("--batch-size", type=int, default=32)
+            sub.add_argument("--servers", type=int, default=2)
+            sub.add_argument("--workers", type=int, default=2)
+            sub.add_argument("--bigarray-bound", type=int, default=None,
+                             help="MXNET_KVSTORE_BIGARRAY_BOUND (elements) for the job")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.geteuid() != 0:
+        print("sniffer.record needs root (network namespaces, tcpdump)", file=sys.stderr)
+        return 2
+    if not os.access(args.workload_python, os.X_OK):
+        print(f"no workload python at {args.workload_python} (`make workloads` creates it)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    if args.command == "all":
+        jobs = args.jobs
+    elif args.command == "zmq":
+        jobs = [ZMQ_JOB]
+    else:
+        jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
+                             args.servers, args.workers, args.bigarray_bound)]
+    try:
+        for job in jobs:
+            began = time.monotonic()
+            if job == ZMQ_JOB:
+                job_dir = record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
+            else:
+                spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
+                job_dir = record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
+            size_bytes = sum(path.stat().st_size for path in job_dir.iterdir())
+            print(f"{job_dir}: {size_bytes / 1e6:.1f} MB in {time.monotonic() - began:.1f} s")
+            nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
+            dropped = {n["name"]: n["capture_stats"]["packets_dropped_by_kernel"] for n in nodes}
+            if any(dropped.values()):
+                print(f"warning: the kernel dropped packets from the captures: {dropped}", file=sys.stderr)
+    except (RecordError, NetnsError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"recording failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared fixtures. Tests that need something this machine kind has (root, tcpdump, tshark, the workload
+venv) fail loudly when it is missing: `make test` installs all of it, so a missing piece is a set-up bug."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PCAPS = REPO / "pcaps"
+WORKLOAD_PYTHON = REPO / ".venv-workloads" / "bin" / "python"
+
+
+def require_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run `make setup` (it installs the system packages)")
+    return path
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (network namespaces, packet capture); CI and `make test` run as root")
+
+
+def require_workloads() -> Path:
+    if not WORKLOAD_PYTHON.exists():
+        pytest.fail("the workload venv is missing: run `make workloads`")
+    return WORKLOAD_PYTHON
+
+
+@pytest.fixture(scope="session")
+def pcaps_dir() -> Path:
+    return PCAPS
