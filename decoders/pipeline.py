@@ -18,7 +18,8 @@ from decoders import byteps, mxnet, pslite
 from decoders.capture import CaptureError, open_capture
 from decoders.dataset import table_from_columns
 from decoders.errors import DecodeError
-from decoders.packet import ParseStats, Segment, ip_to_str, parse_packet
+from decoders.packet import (SUPPORTED_LINKTYPES, ParseStats, Segment, UnsupportedLinktype, check_linktype,
+                             ip_to_str, parse_packet)
 from decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
 from decoders.zmtp import NEED_DATA, Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
 
@@ -292,6 +293,7 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
     feed = dec.tcp.feed
     on_event = dec.on_tcp_event
     non_tcp = 0
+    unsupported: set[int] = set()
     last_pos = 0
     with open_capture(path) as reader:
         for n, pkt in enumerate(reader, 1):
@@ -301,6 +303,8 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
                     on_event(ev)
             else:
                 non_tcp += 1
+                if pkt.linktype not in SUPPORTED_LINKTYPES:
+                    unsupported.add(pkt.linktype)
             if progress is not None and not n & 0x3FF:
                 pos = reader.bytes_read
                 progress(pos - last_pos)
@@ -309,6 +313,13 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
         if progress is not None:
             progress(reader.total_bytes - last_pos)
         packets, bytes_read, warnings = reader.packets, reader.bytes_read, list(reader.warnings)
+    for linktype in sorted(unsupported):
+        try:
+            check_linktype(linktype)
+        except UnsupportedLinktype as exc:
+            if stats.unknown_linktype == packets:
+                raise CaptureError(f"{path}: {exc}") from None
+            warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
     streams = dec.stream_columns()
     announced = {st.flow_id: st.announced_nodes for st in dec.streams.values() if st.announced_nodes}
     return CaptureResult(

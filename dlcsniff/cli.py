@@ -25,7 +25,7 @@ PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on
 
 
 def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -96,7 +96,7 @@ def decode(
 
 def _print_decode_summary(summary: dict, tables: dict) -> None:
     for warning in summary["warnings"]:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     table = Table(title="capture", title_justify="left")
     for col in ("capture", "packets", "non-TCP", "undecoded msgs"):
         table.add_column(col, justify="right" if col != "capture" else "left")

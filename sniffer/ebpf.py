@@ -1,0 +1,319 @@
+"""The eBPF side of the daemon: the only module that imports bcc (lazily, so that a capture without
+eBPF never loads libbcc and its LLVM).
+
+What the probes need from the machine, and what is done when it is missing:
+- tracefs (tracepoint ids): mounted on /sys/kernel/tracing when no tracefs is there (`ip netns exec`
+  gives each command a fresh /sys without it).
+- kernel headers for bcc's compile: when /lib/modules/$(uname -r)/build is missing, the newest
+  Debian headers package installed (linux-headers-amd64 → /usr/src/linux-headers-<ver>-<arch>, and
+  its -common twin) is linked as build/source. Tracepoint and uprobe programs only need the generic
+  headers; every kernel structure member they read is located through the running kernel's BTF
+  (/sys/kernel/btf/vmlinux), passed to the compiler as -D offsets, never by the headers' layout.
+- no kprobes here: attribution uses tracepoints (see probes/sock.c), libraries use uprobes.
+
+The BPF C text lives in probes/*.c; this module only joins the files and chooses -D flags (`probe_cflags`).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sniffer.events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
+
+PROBES_DIR = Path(__file__).resolve().parent / "probes"
+# One program, one compile, one ring buffer: the daemon reads every probe's events in one time-ordered
+# stream. The files are joined in this order (bcc only generates tracepoint argument structs for
+# TRACEPOINT_PROBEs of the main text, so they cannot be #included).
+PROGRAM_FILES = tuple(PROBES_DIR / name for name in ("common.h", "sock.c", "libs.c", "zmq.c", "nccl.c"))
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+TRACEFS_MOUNTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+MODULES_DIR = Path("/lib/modules")
+HEADERS_DIR = Path("/usr/src")
+DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+RINGBUF_PAGES = 1024             # 4 MiB shared by all probes: ~40k events at the ~100 B they take
+# Kernel members the probes read, as (struct, member path) -> the -D name of the byte offset.
+KERNEL_MEMBERS = {
+    "TASK_NSPROXY_OFFSET": ("task_struct", "nsproxy"),
+    "NSPROXY_NET_NS_OFFSET": ("nsproxy", "net_ns"),
+    "NET_NS_INUM_OFFSET": ("net", "ns.inum"),
+    "SOCK_NET_OFFSET": ("sock", "__sk_common.skc_net.net"),
+    "TASK_GROUP_LEADER_OFFSET": ("task_struct", "group_leader"),
+    "TASK_COMM_OFFSET": ("task_struct", "comm"),
+}
+ZMQ_REQUIRED = ("zmq_msg_send", "zmq_msg_recv", "zmq_atomic_counter_new")   # the last: libzmq >= 4.2
+# symbol -> (entry program, return program or None)
+ZMQ_PROBES = {
+    "zmq_msg_send": ("zmq_msg_send_enter", "zmq_send_return"),
+    "zmq_send": ("zmq_send_enter", "zmq_send_return"),
+    "zmq_msg_recv": ("zmq_msg_recv_enter", "zmq_recv_return"),
+    "zmq_recv": ("zmq_recv_enter", "zmq_recv_return"),
+}
+NCCL_PROBES = {
+    **{name: (f"nccl_{name.removeprefix('nccl').lower()}", None) for name in NCCL_FUNCTIONS},
+    **{name: ("nccl_comm_init_enter", "nccl_comm_init_return") for name in NCCL_COMM_INIT_FUNCTIONS},
+}
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+
+
+class EbpfUnavailable(RuntimeError):
+    """The probes cannot run here (no permission, no headers, no tracefs, compile failure): the reason."""
+
+
+# -- BTF: member offsets of the running kernel -------------------------------------------------------
+
+_BTF_HEADER = struct.Struct("<HBBIIIII")
+_BTF_TYPE = struct.Struct("<III")
+_BTF_MEMBER = struct.Struct("<III")
+_BTF_MAGIC = 0xEB9F
+_BTF_STRUCT, _BTF_UNION = 4, 5
+_BTF_MODIFIERS = {8, 9, 10, 11, 18}        # typedef, volatile, const, restrict, type_tag
+# bytes after the common type record: fixed per kind, or per vlen item
+_BTF_EXTRA = {1: 4, 3: 12, 14: 4, 17: 4}
+_BTF_EXTRA_PER_ITEM = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
+
+
+def btf_member_offsets(btf: bytes, members: dict[str, tuple[str, str]]) -> dict[str, int]:
+    """Byte offsets of (struct, "member.member...") in a BTF blob; anonymous struct/union members are
+    searched through, as C does. Raises EbpfUnavailable naming what is missing."""
+    magic, _, _, header_len, type_off, type_len, str_off, _ = _BTF_HEADER.unpack_from(btf)
+    if magic != _BTF_MAGIC:
+        raise EbpfUnavailable(f"BTF magic {magic:#x}: not little-endian BTF")
+    types_at = header_len + type_off
+    strings_at = header_len + str_off
+
+    def name(offset: int) -> str:
+        start = strings_at + offset
+        return btf[start:btf.index(b"\0", start)].decode()
+
+    types: list[tuple[int, int, int, int, int]] = [(0, 0, 0, 0, 0)]   # kind, name_off, size_or_type, kflag, members_at
+    structs: dict[str, int] = {}
+    position, end = types_at, types_at + type_len
+    while position < end:
+        name_off, info, size_or_type = _BTF_TYPE.unpack_from(btf, position)
+        kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+        position += _BTF_TYPE.size
+        types.append((kind, name_off, size_or_type, kflag, position))
+        if kind == _BTF_STRUCT and vlen and name_off:
+            structs.setdefault(name(name_off), len(types) - 1)
+        position += _BTF_EXTRA.get(kind, 0) + _BTF_EXTRA_PER_ITEM.get(kind, 0) * vlen
+
+    def resolved(type_id: int) -> int:
+        while types[type_id][0] in _BTF_MODIFIERS:
+            type_id = types[type_id][2]
+        return type_id
+
+    def find(type_id: int, member: str) -> tuple[int, int] | None:
+        kind, _, _, kflag, members_at = types[resolved(type_id)]
+        if kind not in (_BTF_STRUCT, _BTF_UNION):
+            return None
+        vlen = _BTF_TYPE.unpack_from(btf, members_at - _BTF_TYPE.size)[1] & 0xFFFF
+        for index in range(vlen):
+            name_off, member_type, offset = _BTF_MEMBER.unpack_from(btf, members_at + index * _BTF_MEMBER.size)
+            bit_offset = offset & 0xFFFFFF if kflag else offset
+            if name_off and name(name_off) == member:
+                return bit_offset, member_type
+            if not name_off:
+                inner = find(member_type, member)
+                if inner is not None:
+                    return bit_offset + inner[0], inner[1]
+        return None
+
+    offsets = {}
+    for define, (struct_name, path) in members.items():
+        if struct_name not in structs:
+            raise EbpfUnavailable(f"kernel BTF has no struct {struct_name}")
+        type_id, bits = structs[struct_name], 0
+        for member in path.split("."):
+            found = find(type_id, member)
+            if found is None:
+                raise EbpfUnavailable(f"kernel BTF: struct {struct_name} has no member {path}")
+            bits += found[0]
+            type_id = found[1]
+        offsets[define] = bits // 8
+    return offsets
+
+
+def kernel_offsets() -> dict[str, int]:
+    """Offsets of the members the probes read, from the running kernel's BTF ({} when it has none)."""
+    try:
+        return btf_member_offsets(BTF_PATH.read_bytes(), KERNEL_MEMBERS)
+    except FileNotFoundError:
+        return {}
+
+
+# -- what bcc needs from the machine -----------------------------------------------------------------
+
+def _version_key(path: Path) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+def ensure_kernel_headers(release: str | None = None) -> str | None:
+    """Make /lib/modules/<release>/build (and source) point at installed headers when they are missing.
+    Returns what was done (None: nothing was needed)."""
+    release = release or os.uname().release
+    modules = MODULES_DIR / release
+    if (modules / "build" / "include").is_dir():
+        return None
+    arch = DEBIAN_ARCH.get(platform.machine(), platform.machine())
+    candidates = sorted((path for path in HEADERS_DIR.glob(f"linux-headers-*-{arch}") if path.is_dir()),
+                        key=_version_key)
+    if not candidates:
+        raise EbpfUnavailable(f"no kernel headers for {release} and none in {HEADERS_DIR} "
+                              f"(install linux-headers-{arch})")
+    build = candidates[-1]
+    common = build.with_name(build.name.removesuffix(f"-{arch}") + "-common")
+    modules.mkdir(parents=True, exist_ok=True)
+    _replace_symlink(modules / "build", build)
+    if common.is_dir() and not (modules / "source" / "include").is_dir():
+        _replace_symlink(modules / "source", common)
+    return f"kernel {release} ships no headers: linked {build} as its build tree"
+
+
+def _replace_symlink(link: Path, target: Path) -> None:
+    # Atomic, so that daemons starting together never see a half-made link.
+    staging = link.with_name(f".{link.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(target)
+    os.replace(staging, link)
+
+
+def ensure_tracefs() -> str | None:
+    """Mount tracefs when no mount of it is visible. Returns what was done (None: nothing needed)."""
+    if any((path / "events").is_dir() for path in TRACEFS_MOUNTS):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    target = TRACEFS_MOUNTS[0]
+    if libc.mount(b"tracefs", str(target).encode(), b"tracefs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
+        errno = ctypes.get_errno()
+        raise EbpfUnavailable(f"no tracefs, and mounting it on {target} failed: {os.strerror(errno)}")
+    return f"mounted tracefs on {target}"
+
+
+def tracepoint_exists(category: str, name: str) -> bool:
+    return any((path / "events" / category / name / "id").exists() for path in TRACEFS_MOUNTS)
+
+
+def netns_inode() -> int:
+    """Inode of this process's network namespace (what the probes filter on)."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def probe_cflags(*, netns: int | None, offsets: dict[str, int], sock_length_tracepoints: bool) -> list[str]:
+    """Compiler flags for probes/dlcsniff.c. Without BTF offsets the probes watch every namespace and
+    report thread names: the daemon says so."""
+    defines = {**layout_cflags(), **offsets, "RINGBUF_PAGES": RINGBUF_PAGES}
+    if netns is not None and offsets:
+        defines["NETNS_INUM"] = netns
+    flags = [f"-D{name}={value}" for name, value in sorted(defines.items())]
+    if sock_length_tracepoints:
+        flags.append("-DHAVE_SOCK_LENGTH_TRACEPOINTS")
+    return flags
+
+
+def program_text() -> str:
+    return "".join(f"// ==== probes/{path.name} ====\n{path.read_text()}\n" for path in PROGRAM_FILES)
+
+
+def program_listing(cflags: list[str]) -> str:
+    """What `--print-bpf` shows: the compiler flags, then the program text bcc compiles."""
+    return "\n".join(["// compiled by bcc with:", *(f"//   {flag}" for flag in cflags), program_text()])
+
+
+# -- the loaded probes --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LibraryProbes:
+    path: str
+    library: str                 # "libzmq" or "libnccl"
+    functions: tuple[str, ...]   # symbols probed
+
+
+def classify_library(symbols: set[str]) -> tuple[str, dict[str, tuple[str, str | None]]] | None:
+    """("libzmq" | "libnccl", {symbol: (entry program, return program)}) for a file exporting those
+    symbols, or None. libzmq older than 4.2 is not probed (probes/zmq.c reads 4.2+'s zmq_msg_t)."""
+    if all(name in symbols for name in ZMQ_REQUIRED):
+        return "libzmq", {name: probe for name, probe in ZMQ_PROBES.items() if name in symbols}
+    nccl = {name: probe for name, probe in NCCL_PROBES.items() if name in symbols}
+    if nccl:
+        return "libnccl", nccl
+    return None
+
+
+class ProbeSession:
+    """The compiled, attached probes. Events go to `on_event(payload_bytes)` from `poll()`."""
+
+    def __init__(self, cflags: list[str], on_event: Callable[[bytes], None]) -> None:
+        try:
+            from bcc import BPF   # noqa: PLC0415 - the one bcc import, kept off the --no-ebpf path
+        except ImportError as exc:
+            raise EbpfUnavailable(f"bcc is not importable ({exc}): install python3-bpfcc") from None
+        self._bpf_class = BPF
+        self._on_event = on_event
+        self._callback_error: BaseException | None = None
+        try:
+            self._bpf = BPF(text=program_text().encode(), cflags=cflags)
+        except Exception as exc:   # bcc raises bare Exception for compile and load failures
+            raise EbpfUnavailable(f"BPF program did not load: {exc}") from None
+        self._bpf["events"].open_ring_buffer(self._ring_callback)
+        self._attached: dict[str, LibraryProbes] = {}
+
+    def _ring_callback(self, _ctx, data, size) -> int:
+        try:
+            self._on_event(ctypes.string_at(data, size))
+        except BaseException as exc:   # noqa: BLE001 - a ctypes callback must not raise: re-raised by poll()
+            self._callback_error = exc
+        return 0
+
+    def poll(self, timeout_ms: int) -> None:
+        """Deliver the pending events (waiting up to timeout_ms for the first)."""
+        self._bpf.ring_buffer_poll(timeout_ms)
+        if self._callback_error is not None:
+            error, self._callback_error = self._callback_error, None
+            raise error
+
+    def library_symbols(self, path: str) -> set[str]:
+        try:
+            return {name.decode() for name, _ in
+                    self._bpf_class.get_user_functions_and_addresses(path.encode(), rb"^(zmq_|nccl)")}
+        except Exception:   # noqa: BLE001 - bcc: not an ELF file, unreadable: nothing to probe
+            return set()
+
+    def attach_library(self, path: str) -> LibraryProbes | None:
+        """Attach the libzmq or libnccl probes to every process mapping `path` (now or later)."""
+        if path in self._attached:
+            return self._attached[path]
+        found = classify_library(self.library_symbols(path))
+        if found is None:
+            return None
+        library, probes = found
+        for symbol, (entry, exit_) in probes.items():
+            try:
+                self._bpf.attach_uprobe(name=path.encode(), sym=symbol.encode(), fn_name=entry.encode())
+                if exit_ is not None:
+                    self._bpf.attach_uretprobe(name=path.encode(), sym=symbol.encode(), fn_name=exit_.encode())
+            except Exception as exc:   # noqa: BLE001 - bcc raises bare Exception
+                raise EbpfUnavailable(f"cannot attach to {symbol} in {path}: {exc}") from None
+        attached = LibraryProbes(path, library, tuple(sorted(probes)))
+        self._attached[path] = attached
+        return attached
+
+    def lost_counts(self) -> dict[str, int]:
+        """Events dropped because the ring buffer was full, per kind name, since the start."""
+        lost = self._bpf["lost"]
+        counts = {}
+        for kind in Kind:
+            if kind >= RINGBUF_KIND_COUNT:
+                continue
+            total = sum(lost[lost.Key(int(kind))])
+            if total:
+                counts[kind.name] = int(total)
+        return counts
+
+    def close(self) -> None:
+        self._bpf.cleanup()

@@ -1,0 +1,586 @@
+"""Probe events: their byte layouts, the probe file format, and pure parsers of both.
+
+The BPF programs (sniffer/probes/*.c) write fixed-layout little-endian structs into one ring buffer;
+the daemon frames each one, unchanged, into the set's probe file, beside records of its own (clock
+pairs, processes, attached libraries, sockets already open at start). Nothing here does I/O.
+
+Probe file:
+
+    magic  b"DLCPRB\\x00\\x01"
+    u32    header length, then that many bytes of JSON (set number, host, kernel, network namespace)
+    record*: u32 payload length, then the payload; every payload starts with a u16 kind.
+
+A record is appended whole or not at all by the daemon, but a crash can cut the last one: readers
+decode up to the last complete record and report the cut bytes.
+
+Event times are CLOCK_MONOTONIC ns (`mono_ns`, what BPF programs can read). The daemon writes a
+`ClockSync` (monotonic, realtime) pair at start and every few seconds; `EpochClock` turns
+monotonic times into epoch ns with the latest pair before them.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import json
+import socket
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from decoders.errors import DecodeError
+
+FILE_MAGIC = b"DLCPRB\x00\x01"
+FILE_HEADER_LEN = struct.Struct("<I")
+RECORD_LEN = struct.Struct("<I")
+KIND = struct.Struct("<H")
+# Generous bound for one record (the largest is a daemon JSON record): a longer length field means the
+# file is corrupt from there on.
+MAX_RECORD_BYTES = 1 << 20
+LIB_PATH_BYTES = 256
+RINGBUF_KIND_COUNT = 64          # kinds below this come from BPF; the daemon's own records are above
+
+
+class Kind(enum.IntEnum):
+    # from BPF (sniffer/probes/*.c, KIND_* there)
+    SOCK_STATE = 1
+    SOCK_SEND = 2
+    SOCK_RECV = 3
+    SOCK_ACCEPT = 4
+    LIB_OPEN = 5
+    ZMQ_SEND = 16
+    ZMQ_RECV = 17
+    NCCL_CALL = 32
+    NCCL_COMM_INIT = 33
+    # from the daemon
+    CLOCK = 64
+    PROCESS = 65
+    LIBRARY = 66
+    SOCKET_SNAPSHOT = 67
+
+
+# Index = the function id the BPF program writes (ZMQ_FN_* / NCCL_FN_* there).
+ZMQ_FUNCTIONS = ("zmq_msg_send", "zmq_send", "zmq_msg_recv", "zmq_recv")
+ZMQ_SNDMORE = 2
+NCCL_FUNCTIONS = ("ncclAllReduce", "ncclBroadcast", "ncclBcast", "ncclReduce", "ncclAllGather",
+                  "ncclReduceScatter", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd")
+NCCL_COMM_INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig")
+# ncclDataType_t -> (name, bytes per element)
+NCCL_DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8),
+                  5: ("uint64", 8), 6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2),
+                  10: ("float8e4m3", 1), 11: ("float8e5m2", 1)}
+NCCL_REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+
+# include/net/tcp_states.h
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
+              7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
+TCP_ESTABLISHED, TCP_SYN_SENT, TCP_CLOSE, TCP_LISTEN = 1, 2, 7, 10
+
+# struct event_head: kind, reserved, tgid, tid, netns, ts_ns, cgroup_id, comm[16]
+HEAD = struct.Struct("<HHIIIQQ16s")
+SOCK_EVENT = struct.Struct(HEAD.format + "QHHHBB16s16siI")
+LIB_EVENT = struct.Struct(HEAD.format + f"{LIB_PATH_BYTES}s")
+ZMQ_EVENT = struct.Struct(HEAD.format + "QQQqiHBB")
+NCCL_EVENT = struct.Struct(HEAD.format + "QQQQQiiiHH")
+NCCL_COMM_EVENT = struct.Struct(HEAD.format + "QiiiI")
+DAEMON_RECORD_HEAD = struct.Struct("<HHI")     # kind, 0, 0: then JSON
+
+
+def layout_cflags() -> dict[str, int]:
+    """The -D values the BPF programs are compiled with, so that C and Python share one definition."""
+    defines = {f"KIND_{kind.name}": int(kind) for kind in Kind if kind < RINGBUF_KIND_COUNT}
+    defines.update(
+        KIND_COUNT=RINGBUF_KIND_COUNT,
+        EVENT_HEAD_BYTES=HEAD.size,
+        SOCK_EVENT_BYTES=SOCK_EVENT.size,
+        LIB_EVENT_BYTES=LIB_EVENT.size,
+        LIB_PATH_BYTES=LIB_PATH_BYTES,
+        ZMQ_EVENT_BYTES=ZMQ_EVENT.size,
+        NCCL_EVENT_BYTES=NCCL_EVENT.size,
+        NCCL_COMM_EVENT_BYTES=NCCL_COMM_EVENT.size,
+        ZMQ_SNDMORE_FLAG=ZMQ_SNDMORE,
+        ZMQ_MSG_FLAGS_OFFSET=43,
+    )
+    defines.update({f"ZMQ_FN_{name.removeprefix('zmq_').upper()}": index for index, name in enumerate(ZMQ_FUNCTIONS)})
+    defines.update({f"NCCL_FN_{name.removeprefix('nccl').upper()}": index for index, name in enumerate(NCCL_FUNCTIONS)})
+    return defines
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SockEvent:
+    """SOCK_STATE (a TCP state change), SOCK_SEND / SOCK_RECV (first I/O of a process on a socket) or
+    SOCK_ACCEPT (accept() returned `fd`, peer in remote_ip/remote_port)."""
+    kind: Kind
+    mono_ns: int
+    tgid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    netns: int
+    skaddr: int
+    family: int
+    local_ip: str | None
+    local_port: int
+    remote_ip: str | None
+    remote_port: int
+    oldstate: int
+    newstate: int
+    fd: int
+
+
+@dataclass(frozen=True, slots=True)
+class LibOpen:
+    mono_ns: int
+    tgid: int
+    tid: int
+    comm: str
+    netns: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ZmqCall:
+    """One frame handed to (ZMQ_SEND) or returned by (ZMQ_RECV) libzmq."""
+    kind: Kind
+    mono_ns: int             # call
+    return_mono_ns: int      # return
+    tgid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    netns: int
+    function: str
+    socket: int
+    msg: int
+    size_bytes: int
+    flags: int
+    more: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCall:
+    mono_ns: int
+    tgid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    netns: int
+    function: str
+    sendbuff: int
+    recvbuff: int
+    count: int
+    datatype: int
+    op: int
+    peer: int
+    comm_handle: int
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclCommInit:
+    mono_ns: int
+    tgid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    netns: int
+    comm_handle: int
+    nranks: int
+    rank: int
+    result: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSync:
+    mono_ns: int
+    realtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    mono_ns: int
+    tgid: int
+    comm: str
+    cmdline: tuple[str, ...]
+    cgroup: str | None
+    netns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryAttached:
+    mono_ns: int
+    path: str
+    library: str             # "libzmq" or "libnccl"
+    functions: tuple[str, ...]
+    tgid: int | None         # the process it was found in (None: given on the command line)
+
+
+@dataclass(frozen=True, slots=True)
+class SocketSnapshot:
+    """A TCP socket already open when the daemon started (from /proc)."""
+    mono_ns: int
+    family: int
+    local_ip: str
+    local_port: int
+    remote_ip: str
+    remote_port: int
+    state: int
+    inode: int
+    tgid: int | None
+    comm: str | None
+
+
+Event = (SockEvent | LibOpen | ZmqCall | NcclCall | NcclCommInit | ClockSync | ProcessInfo | LibraryAttached
+         | SocketSnapshot)
+
+
+def _comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _ip(family: int, raw: bytes) -> str | None:
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, raw[:4])
+    if family == socket.AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, raw)
+    return None
+
+
+def _parse_sock(payload) -> SockEvent:
+    (kind, _, tgid, tid, netns, mono_ns, cgroup_id, comm, skaddr, family, sport, dport, oldstate, newstate,
+     saddr, daddr, fd, _) = SOCK_EVENT.unpack(payload)
+    has_local = kind != Kind.SOCK_ACCEPT
+    return SockEvent(Kind(kind), mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, skaddr, family,
+                     _ip(family, saddr) if has_local else None, sport, _ip(family, daddr), dport, oldstate,
+                     newstate, fd)
+
+
+def _parse_lib(payload) -> LibOpen:
+    _, _, tgid, tid, netns, mono_ns, _, comm, path = LIB_EVENT.unpack(payload)
+    return LibOpen(mono_ns, tgid, tid, _comm(comm), netns, path.split(b"\0", 1)[0].decode("utf-8", "surrogateescape"))
+
+
+def _parse_zmq(payload) -> ZmqCall:
+    (kind, _, tgid, tid, netns, mono_ns, cgroup_id, comm, return_mono_ns, zsocket, msg, size, flags, function,
+     more, _) = ZMQ_EVENT.unpack(payload)
+    if function >= len(ZMQ_FUNCTIONS):
+        raise DecodeError(f"zmq event with unknown function id {function}")
+    return ZmqCall(Kind(kind), mono_ns, return_mono_ns, tgid, tid, _comm(comm), cgroup_id, netns,
+                   ZMQ_FUNCTIONS[function], zsocket, msg, size, flags, None if more == 255 else bool(more))
+
+
+def _parse_nccl(payload) -> NcclCall:
+    (_, _, tgid, tid, netns, mono_ns, cgroup_id, comm, sendbuff, recvbuff, count, comm_handle, stream, datatype,
+     op, peer, function, _) = NCCL_EVENT.unpack(payload)
+    if function >= len(NCCL_FUNCTIONS):
+        raise DecodeError(f"nccl event with unknown function id {function}")
+    return NcclCall(mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, NCCL_FUNCTIONS[function], sendbuff,
+                    recvbuff, count, datatype, op, peer, comm_handle, stream)
+
+
+def _parse_nccl_comm(payload) -> NcclCommInit:
+    _, _, tgid, tid, netns, mono_ns, cgroup_id, comm, comm_handle, nranks, rank, result, _ = \
+        NCCL_COMM_EVENT.unpack(payload)
+    return NcclCommInit(mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, comm_handle, nranks, rank, result)
+
+
+def _daemon_json(payload) -> dict:
+    try:
+        value = json.loads(bytes(payload[DAEMON_RECORD_HEAD.size:]))
+    except ValueError as exc:
+        raise DecodeError(f"daemon record is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise DecodeError("daemon record is not a JSON object")
+    return value
+
+
+def _parse_daemon(kind: Kind, payload) -> Event:
+    record = _daemon_json(payload)
+    try:
+        if kind == Kind.CLOCK:
+            return ClockSync(int(record["mono_ns"]), int(record["realtime_ns"]))
+        if kind == Kind.PROCESS:
+            return ProcessInfo(int(record["mono_ns"]), int(record["tgid"]), str(record["comm"]),
+                               tuple(record["cmdline"]), record.get("cgroup"), record.get("netns"))
+        if kind == Kind.LIBRARY:
+            return LibraryAttached(int(record["mono_ns"]), str(record["path"]), str(record["library"]),
+                                   tuple(record["functions"]), record.get("tgid"))
+        return SocketSnapshot(int(record["mono_ns"]), int(record["family"]), str(record["local_ip"]),
+                              int(record["local_port"]), str(record["remote_ip"]), int(record["remote_port"]),
+                              int(record["state"]), int(record["inode"]), record.get("tgid"), record.get("comm"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DecodeError(f"{kind.name} record lacks or mistypes {exc}") from None
+
+
+_LAYOUTS = {
+    Kind.SOCK_STATE: (SOCK_EVENT, _parse_sock),
+    Kind.SOCK_SEND: (SOCK_EVENT, _parse_sock),
+    Kind.SOCK_RECV: (SOCK_EVENT, _parse_sock),
+    Kind.SOCK_ACCEPT: (SOCK_EVENT, _parse_sock),
+    Kind.LIB_OPEN: (LIB_EVENT, _parse_lib),
+    Kind.ZMQ_SEND: (ZMQ_EVENT, _parse_zmq),
+    Kind.ZMQ_RECV: (ZMQ_EVENT, _parse_zmq),
+    Kind.NCCL_CALL: (NCCL_EVENT, _parse_nccl),
+    Kind.NCCL_COMM_INIT: (NCCL_COMM_EVENT, _parse_nccl_comm),
+}
+
+
+def event_kind(payload: bytes | memoryview) -> int:
+    if len(payload) < KIND.size:
+        raise DecodeError(f"event of {len(payload)} bytes has no kind")
+    return KIND.unpack_from(payload)[0]
+
+
+def parse_event(payload: bytes | memoryview) -> Event:
+    """One record payload (a BPF event as the ring buffer delivered it, or a daemon record) -> its event."""
+    raw_kind = event_kind(payload)
+    try:
+        kind = Kind(raw_kind)
+    except ValueError:
+        raise DecodeError(f"unknown event kind {raw_kind}") from None
+    if kind >= RINGBUF_KIND_COUNT:
+        return _parse_daemon(kind, payload)
+    layout, parse = _LAYOUTS[kind]
+    if len(payload) != layout.size:
+        raise DecodeError(f"{kind.name} event of {len(payload)} bytes, expected {layout.size}")
+    return parse(payload)
+
+
+# -- writing (the daemon's side of the format) -------------------------------------------------------
+
+def file_header(meta: dict) -> bytes:
+    body = json.dumps(meta, sort_keys=True).encode()
+    return FILE_MAGIC + FILE_HEADER_LEN.pack(len(body)) + body
+
+
+def frame(payload: bytes | memoryview) -> bytes:
+    return RECORD_LEN.pack(len(payload)) + bytes(payload)
+
+
+def daemon_record(kind: Kind, fields: dict) -> bytes:
+    """A framed daemon record (clock pair, process, library, open socket)."""
+    return frame(DAEMON_RECORD_HEAD.pack(kind, 0, 0) + json.dumps(fields, sort_keys=True).encode())
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = _NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record that could not be decoded (skipped: its length framing still holds)."""
+    offset: int
+    reason: str
+
+
+class ProbeFileDecoder:
+    """Sans-IO reader of a probe file: `receive_data(chunk)` (b"" at end of file), then `next_event()`
+    until it returns NEED_DATA. `header` is set once the file header is read."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._offset = 0             # file offset of _buffer[0]
+        self._eof = False
+        self.header: dict | None = None
+        self.records = 0
+        self.truncated_bytes = 0     # a record cut short at the end of the file
+
+    def receive_data(self, data: bytes | memoryview) -> None:
+        if self._eof:
+            raise DecodeError("data after the end of the file")
+        if not data:
+            self._eof = True
+        self._buffer += data
+
+    def _consume(self, count: int) -> memoryview:
+        piece = memoryview(bytes(self._buffer[:count]))
+        del self._buffer[:count]
+        self._offset += count
+        return piece
+
+    def _read_header(self) -> bool:
+        head_bytes = len(FILE_MAGIC) + FILE_HEADER_LEN.size
+        if len(self._buffer) < len(FILE_MAGIC) and not self._eof and FILE_MAGIC.startswith(bytes(self._buffer)):
+            return False
+        if bytes(self._buffer[:len(FILE_MAGIC)]) != FILE_MAGIC[:len(self._buffer)] or (
+                self._eof and len(self._buffer) < head_bytes):
+            raise DecodeError(f"not a dlcsniff probe file (starts with {bytes(self._buffer[:8])!r})")
+        if len(self._buffer) < head_bytes:
+            return False
+        (length,) = FILE_HEADER_LEN.unpack_from(self._buffer, len(FILE_MAGIC))
+        if length > MAX_RECORD_BYTES:
+            raise DecodeError(f"probe file header of {length} bytes")
+        if len(self._buffer) < head_bytes + length:
+            if self._eof:
+                raise DecodeError("probe file cut inside its header")
+            return False
+        self._consume(head_bytes)
+        try:
+            self.header = json.loads(bytes(self._consume(length)))
+        except ValueError as exc:
+            raise DecodeError(f"probe file header is not JSON: {exc}") from None
+        return True
+
+    def next_event(self) -> Event | BadRecord | _NeedData:
+        """The next event, a BadRecord for one that does not decode, or NEED_DATA."""
+        if self.header is None and not self._read_header():
+            return NEED_DATA
+        if len(self._buffer) < RECORD_LEN.size:
+            self._note_cut()
+            return NEED_DATA
+        (length,) = RECORD_LEN.unpack_from(self._buffer)
+        if length > MAX_RECORD_BYTES or length < KIND.size:
+            raise DecodeError(f"record length {length} at offset {self._offset}: the file is corrupt from here")
+        if len(self._buffer) < RECORD_LEN.size + length:
+            self._note_cut()
+            return NEED_DATA
+        offset = self._offset
+        self._consume(RECORD_LEN.size)
+        payload = self._consume(length)
+        self.records += 1
+        try:
+            return parse_event(payload)
+        except DecodeError as exc:
+            return BadRecord(offset, str(exc))
+
+    def _note_cut(self) -> None:
+        if self._eof:
+            self.truncated_bytes = len(self._buffer)
+
+
+def parse_probe_file(data: bytes | memoryview) -> tuple[dict, list[Event], list[BadRecord], int]:
+    """A whole probe file's bytes -> (header, events, bad records, truncated bytes at the end)."""
+    decoder = ProbeFileDecoder()
+    decoder.receive_data(data)
+    decoder.receive_data(b"")
+    events: list[Event] = []
+    bad: list[BadRecord] = []
+    while (item := decoder.next_event()) is not NEED_DATA:
+        (bad if isinstance(item, BadRecord) else events).append(item)
+    return decoder.header or {}, events, bad, decoder.truncated_bytes
+
+
+# -- joining ----------------------------------------------------------------------------------------
+
+class EpochClock:
+    """Monotonic ns -> epoch ns, with the latest ClockSync pair taken at or before the time (the first
+    pair for earlier times)."""
+
+    def __init__(self, syncs: Iterable[ClockSync]) -> None:
+        pairs = sorted((sync.mono_ns, sync.realtime_ns - sync.mono_ns) for sync in syncs)
+        if not pairs:
+            raise DecodeError("no clock pair: monotonic event times cannot be placed on the epoch")
+        self._mono = [mono for mono, _ in pairs]
+        self._offset = [offset for _, offset in pairs]
+
+    def offset_ns(self, mono_ns: int) -> int:
+        return self._offset[max(bisect.bisect_right(self._mono, mono_ns) - 1, 0)]
+
+    def epoch_ns(self, mono_ns: int) -> int:
+        return mono_ns + self.offset_ns(mono_ns)
+
+
+@dataclass(slots=True)
+class Flow:
+    """One TCP connection (or listening socket) of the watched namespace and the process that owns it.
+
+    `source` says how the owner is known: "connect" (the task that called connect()), "send"/"recv" (the
+    first process doing I/O on it), "accept" (the process whose accept() returned this peer), "listen"
+    (the owner of the listening socket on the local port), or None."""
+    skaddr: int
+    family: int
+    local_ip: str | None = None
+    local_port: int = 0
+    remote_ip: str | None = None
+    remote_port: int = 0
+    first_mono_ns: int = 0
+    established_mono_ns: int | None = None
+    closed_mono_ns: int | None = None
+    state: int = 0
+    active: bool | None = None      # True: connect()ed here, False: accepted here
+    tgid: int | None = None
+    tid: int | None = None
+    comm: str | None = None
+    cgroup_id: int | None = None
+    source: str | None = None
+
+    def take_owner(self, event: SockEvent, source: str) -> None:
+        self.tgid, self.tid, self.comm, self.cgroup_id, self.source = (
+            event.tgid, event.tid, event.comm, event.cgroup_id, source)
+
+
+def attribute_flows(events: Iterable[SockEvent]) -> list[Flow]:
+    """The connections the socket events describe, each with its owning process where the events tell.
+
+    State changes delimit a connection on one socket address (addresses are reused after close);
+    ownership comes, most certain first, from connect(), from the first send/recv, from accept() (peer
+    address), and last from the listener on the same local port."""
+    flows: list[Flow] = []
+    open_flows: dict[int, Flow] = {}
+    accepts: list[SockEvent] = []
+    for event in sorted(events, key=lambda e: e.mono_ns):
+        if event.kind == Kind.SOCK_ACCEPT:
+            accepts.append(event)
+            continue
+        flow = open_flows.get(event.skaddr)
+        if event.kind != Kind.SOCK_STATE:
+            if flow is not None and flow.source is None:
+                flow.take_owner(event, "send" if event.kind == Kind.SOCK_SEND else "recv")
+            continue
+        if flow is None:
+            flow = Flow(event.skaddr, event.family, first_mono_ns=event.mono_ns)
+            open_flows[event.skaddr] = flow
+            flows.append(flow)
+            flow.active = {TCP_SYN_SENT: True, 3: False, TCP_LISTEN: None}.get(event.newstate)
+        if event.local_port and (event.remote_port or event.newstate == TCP_LISTEN):
+            flow.local_ip, flow.local_port = event.local_ip, event.local_port
+            flow.remote_ip, flow.remote_port = event.remote_ip, event.remote_port
+        flow.state = event.newstate
+        if event.oldstate == TCP_CLOSE and event.newstate in (TCP_SYN_SENT, TCP_LISTEN):
+            # connect() and listen() change the state inside the calling task
+            flow.take_owner(event, "connect" if event.newstate == TCP_SYN_SENT else "listen")
+        if event.newstate == TCP_ESTABLISHED and flow.established_mono_ns is None:
+            flow.established_mono_ns = event.mono_ns
+        if event.newstate == TCP_CLOSE:
+            flow.closed_mono_ns = event.mono_ns
+            del open_flows[event.skaddr]
+    _attribute_accepts(flows, accepts)
+    _attribute_to_listeners(flows)
+    return flows
+
+
+def _attribute_accepts(flows: list[Flow], accepts: list[SockEvent]) -> None:
+    passive = {}
+    for flow in flows:
+        if flow.active is False and flow.source in (None, "listen"):
+            passive.setdefault((flow.remote_ip, flow.remote_port), []).append(flow)
+    for accept in accepts:
+        candidates = [flow for flow in passive.get((accept.remote_ip, accept.remote_port), [])
+                      if flow.first_mono_ns <= accept.mono_ns
+                      and (flow.closed_mono_ns is None or accept.mono_ns <= flow.closed_mono_ns)]
+        if candidates:
+            candidates[-1].take_owner(accept, "accept")
+
+
+def _attribute_to_listeners(flows: list[Flow]) -> None:
+    listeners = [flow for flow in flows if flow.state == TCP_LISTEN or flow.remote_port == 0 and flow.local_port]
+    for flow in flows:
+        if flow.active is not False or flow.source is not None:
+            continue
+        for listener in listeners:
+            if (listener.local_port == flow.local_port and listener.tgid is not None
+                    and listener.first_mono_ns <= flow.first_mono_ns
+                    and (listener.closed_mono_ns is None or flow.first_mono_ns <= listener.closed_mono_ns)):
+                flow.tgid, flow.comm, flow.cgroup_id, flow.source = (
+                    listener.tgid, listener.comm, listener.cgroup_id, "listen")
+
+
+def iter_kind(events: Iterable[Event], event_type: type) -> Iterator:
+    return (event for event in events if isinstance(event, event_type))

@@ -1,0 +1,88 @@
+"""The CLI as a user meets it: typer's CliRunner over real captures and bad input."""
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+
+import pandas as pd
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from decoders.dataset import TABLES
+from dlcsniff.cli import app
+from tests.conftest import PCAPS
+
+runner = CliRunner()
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def _assert_one_line_error(result, *needles):
+    assert result.exit_code != 0
+    text = result.output.strip()
+    assert "Traceback" not in text
+    assert len(text.splitlines()) == 1, text
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_version():
+    result = _invoke("--version")
+    assert result.exit_code == 0 and result.output.startswith("dlcsniff ")
+
+
+def test_decode_writes_the_contract_tables_and_a_summary(tmp_path):
+    result = _invoke("decode", PCAPS / "mxnet_sync", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    for name in ("streams", "zmtp", "messages"):
+        schema = pq.read_schema(tmp_path / "out" / f"{name}.parquet")
+        assert schema.names[: len(TABLES[name].names)] == TABLES[name].names
+    assert "ps-lite:" in result.output and "flows (TCP directions) by protocol" in result.output
+    messages = pd.read_parquet(tmp_path / "out" / "messages.parquet")
+    assert set(messages["capture"]) == {"scheduler", "server0", "server1", "worker0", "worker1"}
+    assert (messages["protocol"] == "pslite").all()
+
+
+def test_decode_json_summary(tmp_path):
+    result = _invoke("decode", PCAPS / "zmq" / "client.pcap.gz", "--out", tmp_path / "out", "--json")
+    assert result.exit_code == 0
+    summary = json.loads(result.output)
+    assert summary["flows_by_protocol"] == {"zmtp": 10}
+    assert summary["captures"][0]["capture"] == "client"
+
+
+def test_missing_file(tmp_path):
+    _assert_one_line_error(_invoke("decode", tmp_path / "nope.pcap", "--out", tmp_path / "o"), "nope.pcap")
+
+
+def test_not_a_capture(tmp_path):
+    bogus = tmp_path / "notes.pcap"
+    bogus.write_text("these are not packets\n")
+    _assert_one_line_error(_invoke("decode", bogus, "--out", tmp_path / "o"), "notes.pcap")
+
+
+def test_unknown_link_type(tmp_path):
+    capture = tmp_path / "usb.pcap"
+    # A valid pcap of link type 189 (USB Linux) with one record.
+    header = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 189)
+    record = struct.pack("<IIII", 1, 0, 8, 8) + b"\x00" * 8
+    capture.write_bytes(header + record)
+    _assert_one_line_error(_invoke("decode", capture, "--out", tmp_path / "o"), "link type 189")
+
+
+def test_empty_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _assert_one_line_error(_invoke("decode", tmp_path / "empty", "--out", tmp_path / "o"), "no capture files")
+
+
+def test_truncated_gzip_capture_warns_and_decodes(tmp_path):
+    data = gzip.decompress((PCAPS / "mxnet_sync" / "worker1.pcap.gz").read_bytes())
+    cut = tmp_path / "worker1.pcap.gz"
+    cut.write_bytes(gzip.compress(data[: len(data) // 2 + 5]))
+    result = _invoke("decode", cut, "--out", tmp_path / "o")
+    assert result.exit_code == 0
+    assert "warning" in result.output and "truncat" in result.output
+    assert len(pd.read_parquet(tmp_path / "o" / "messages.parquet")) > 0
