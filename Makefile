@@ -22,6 +22,10 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
+	# bcc's Python package comes only from Debian (python3-bpfcc, in the system dist-packages): link that one
+	# package into the venv, nothing else of dist-packages.
+	ln -sfn "$$(/usr/bin/python3 -c 'import bcc, os; print(os.path.dirname(bcc.__file__))')" \
+	  "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc"
 	touch $@
 
 # The real jobs that produce captures: MXNet 1.9.1 (needs numpy 1.23.5), PyTorch CPU, pyzmq.

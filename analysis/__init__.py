@@ -1,0 +1,44 @@
+"""analysis/: from a decoded job (`dlcsniff decode` output) to SketchDLC's DLC traces, statistics and report.
+
+load (read the decode output) → operations (records: what each node sent and received, as which of the
+paper's operations, in which iteration) → dlc / iterations / overheads / pattern / summary (pure functions
+over DataFrames) → report (plots, HTML). The three functions below are what the CLI calls.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
+from analysis.load import AnalysisError, Dataset, load_dataset
+from analysis.operations import OPERATIONS, Trace, build_records
+from analysis.report import write_report
+from analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
+
+__all__ = [
+    "DLC_HEADER", "OPERATIONS", "AnalysisError", "Dataset", "DlcFile", "Stats", "Trace", "build_records",
+    "compute_stats", "dlc_table", "headline", "load_dataset", "read_dlc", "summary_json", "trace_of", "write_dlc",
+    "write_dlc_traces", "write_html_report", "write_report", "write_statistics", "write_stats",
+]
+
+
+def trace_of(decode_dir: str | Path) -> Trace:
+    return build_records(load_dataset(decode_dir))
+
+
+def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace, list[DlcFile]]:
+    """`dlcsniff dlc`: one DLC trace file per node of the decoded job in decode_dir."""
+    trace = trace_of(decode_dir)
+    return trace, write_dlc(trace, out_dir)
+
+
+def write_statistics(decode_dir: str | Path, out_dir: str | Path) -> Stats:
+    """`dlcsniff stats`: the statistics tables (Parquet) and summary.json of the decoded job."""
+    stats = compute_stats(trace_of(decode_dir), source=str(decode_dir))
+    write_stats(stats, out_dir)
+    return stats
+
+
+def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str | Path | None = None) -> Path:
+    """`dlcsniff report`: one self-contained HTML file with the figures (and them as PNG files too)."""
+    trace = trace_of(decode_dir)
+    return write_report(trace, compute_stats(trace, source=str(decode_dir)), path, figures_dir)

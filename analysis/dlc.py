@@ -20,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 
 from analysis.load import AnalysisError
 from analysis.operations import (
     CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_REQUEST,
-    SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, node_role_rank,
+    SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, group_starts, node_role_rank,
 )
 
 DLC_HEADER = "ID src dst length Dep_PP Operation OP_ID dep_Type dTime time_sec time_usec IDdep"
@@ -44,27 +47,38 @@ class DlcFile:
     captures: str
 
 
-def _peer_labels(records: pd.DataFrame) -> np.ndarray:
+def _text(values: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(values), pa.string())
+
+
+def _peer_labels(records: pd.DataFrame) -> pa.Array:
     """The node part of an op_id: the server ("s0") in a worker's trace, the worker ("w1") elsewhere."""
     peer_role, peer_rank = node_role_rank(records["peer_id"].to_numpy())
-    prefix = np.select([peer_role == ROLE_SERVER, peer_role == ROLE_WORKER, peer_role == ROLE_SCHEDULER],
-                       ["s", "w", "scheduler"], "unknown").astype(object)
-    return np.where(peer_role == ROLE_SCHEDULER, prefix,
-                    np.where((peer_role == ROLE_SERVER) | (peer_role == ROLE_WORKER),
-                             prefix + peer_rank.astype(str).astype(object), prefix))
+    prefix = np.select([peer_role == ROLE_SERVER, peer_role == ROLE_WORKER], ["s", "w"], "")
+    labels = pc.binary_join_element_wise(_text(prefix), _text(peer_rank), "")
+    return pc.if_else(pa.array(peer_role == ROLE_SCHEDULER), pa.scalar("scheduler"),
+                      pc.if_else(pa.array(prefix == ""), pa.scalar("unknown"), labels))
 
 
-def _op_ids(records: pd.DataFrame, op_num: np.ndarray, peer: np.ndarray) -> np.ndarray:
+def _op_ids(records: pd.DataFrame, op_num: np.ndarray, peer: pa.Array) -> np.ndarray:
+    """key-operation_num-peer ("NA" without an operation number), as an object array of str."""
     key = np.where(records["category"].to_numpy() == CATEGORY_DATA, records["tensor_key"].to_numpy(), -1)
-    ids = key.astype(str).astype(object) + "-" + op_num.astype(str).astype(object) + "-" + peer
-    return np.where(op_num >= 0, ids, "NA")
+    ids = pc.binary_join_element_wise(_text(key), _text(op_num), peer, "-")
+    return pc.if_else(pa.array(op_num >= 0), ids, pa.scalar("NA")).to_numpy(zero_copy_only=False)
 
 
 def _lists(members: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """One row per group: its op_ids as "(a,b,...)" and its latest time."""
-    grouped = members.sort_values("peer_id").groupby(by, sort=False)
-    return pd.DataFrame({"list_ids": grouped["op_id"].agg(",".join).map("({})".format),
-                         "list_ts": grouped["ts_ns"].max()}).reset_index()
+    """One row per group: its op_ids as "(a,b,...)" (in peer order) and its latest time."""
+    members = members.sort_values(by + ["peer_id"], kind="stable")
+    starts = np.flatnonzero(group_starts(*(members[name].to_numpy() for name in by)))
+    if len(starts) == 0:
+        return pd.DataFrame(columns=by + ["list_ids", "list_ts"])
+    # concatenating object arrays of str runs in C: no Python loop per group
+    joined = np.add.reduceat(members["op_id"].to_numpy(dtype=object) + ",", starts)
+    lists = members[by].iloc[starts].reset_index(drop=True)
+    lists["list_ids"] = "(" + pd.Series(joined, dtype=object).str[:-1] + ")"
+    lists["list_ts"] = np.maximum.reduceat(members["ts_ns"].to_numpy(), starts)
+    return lists
 
 
 def dlc_table(trace: Trace) -> pd.DataFrame:
@@ -108,7 +122,8 @@ def dlc_table(trace: Trace) -> pd.DataFrame:
         ["node_id", "peer_id", "tensor_key", "iteration"])
     found = pull_send.merge(push_recv, on=["node_id", "peer_id", "tensor_key", "iteration"], suffixes=("", "_dep"))
     rows = found["row"].to_numpy()
-    dep_type[rows], dep_ts[rows], id_dep[rows] = DEP_PULL_ON_PUSH, found["ts_ns_dep"].to_numpy(), found["op_id_dep"].to_numpy()
+    dep_type[rows] = DEP_PULL_ON_PUSH
+    dep_ts[rows], id_dep[rows] = found["ts_ns_dep"].to_numpy(), found["op_id_dep"].to_numpy()
 
     # one-to-many: a worker's training push on every Pull_Recv of that tensor in the previous round, and in
     # sync mode a server's answer to a push on every worker's push of that tensor in that round
@@ -117,22 +132,24 @@ def dlc_table(trace: Trace) -> pd.DataFrame:
     previous_pulls["iteration"] += 1
     pushes = frame[worker & data & (slot == SLOT_PUSH_REQUEST) & (iteration >= 0)]
     round_pushes = _lists(frame[server & data & (slot == SLOT_PUSH_REQUEST) & (iteration >= INIT_ITERATION)], by)
-    for dependents, lists, kind in ((pushes, previous_pulls, DEP_PUSH_ON_PULL),
-                                    (frame[sync_answer], round_pushes, None)):
+    answer_kind = np.where(fused, DEP_PULL_ON_PUSH, DEP_PUSH_ON_PUSH)
+    for dependents, lists, kind in ((pushes, previous_pulls, np.full(len(records), DEP_PUSH_ON_PULL)),
+                                    (frame[sync_answer], round_pushes, answer_kind)):
         found = dependents.merge(lists, on=by)
         rows = found["row"].to_numpy()
-        dep_type[rows] = kind if kind is not None else np.where(fused[rows], DEP_PULL_ON_PUSH, DEP_PUSH_ON_PUSH)
+        dep_type[rows] = kind[rows]
         dep_ts[rows], id_dep[rows] = found["list_ts"].to_numpy(), found["list_ids"].to_numpy()
 
     d_time_us = np.where(dep_ts >= 0, np.round((ts - dep_ts) / 1000.0), 0).astype(np.int64)
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "node_id": records["node_id"].to_numpy(), "ID": records["record_id"].to_numpy(),
         "src": np.where(records["is_send"], records["dlc_rank"], records["peer_dlc_rank"]),
         "dst": np.where(records["is_send"], records["peer_dlc_rank"], records["dlc_rank"]),
-        "length": records["length"].to_numpy(), "Dep_PP": num_pp, "Operation": records["operation"].astype(str),
+        "length": records["length"].to_numpy(), "Dep_PP": num_pp, "Operation": records["operation"].astype(str).to_numpy(),
         "OP_ID": op_id, "dep_Type": dep_type, "dTime": d_time_us, "time_sec": ts // 1_000_000_000,
         "time_usec": ts % 1_000_000_000 // 1000, "IDdep": id_dep,
     })
+    return table.sort_values(["node_id", "ID"], ignore_index=True)
 
 
 def _banner(node: pd.Series, trace: Trace) -> str:
@@ -171,23 +188,23 @@ def write_dlc(trace: Trace, out_dir: str | Path) -> list[DlcFile]:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise AnalysisError(f"cannot create {out_dir}: {exc.strerror or exc}") from exc
-    table = dlc_table(trace)
+    table = pa.Table.from_pandas(dlc_table(trace), preserve_index=False)
+    lines_only = pa_csv.WriteOptions(include_header=False, delimiter=" ", quoting_style="none")
     written = []
     for _, node in trace.nodes.iterrows():
-        lines = table[table["node_id"] == node["node_id"]]
+        lines = table.filter(pc.equal(table["node_id"], node["node_id"])).select(list(DLC_COLUMNS))
         path = out_dir / dlc_file_name(node)
         try:
-            with open(path, "w", encoding="ascii", newline="\n") as trace_file:
-                trace_file.write(_banner(node, trace))
-                trace_file.write(DLC_HEADER + "\n")
-                lines.to_csv(trace_file, sep=" ", header=False, index=False, columns=list(DLC_COLUMNS))
+            with open(path, "wb") as trace_file:
+                trace_file.write((_banner(node, trace) + DLC_HEADER + "\n").encode("utf-8"))
+                pa_csv.write_csv(lines, trace_file, write_options=lines_only)
         except OSError as exc:
             raise AnalysisError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        written.append(DlcFile(path=path, node=node["name"], records=len(lines), vantage=node["vantage"],
+        written.append(DlcFile(path=path, node=node["name"], records=lines.num_rows, vantage=node["vantage"],
                                captures=node["captures"]))
     return written
 
 
 def read_dlc(path: str | Path) -> pd.DataFrame:
     """Read a DLC trace file back (for checks and downstream tools)."""
-    return pd.read_csv(path, sep=" ", comment="#", dtype={"OP_ID": str, "IDdep": str})
+    return pd.read_csv(path, sep=" ", comment="#", dtype={"OP_ID": str, "IDdep": str}, keep_default_na=False)

@@ -12,13 +12,14 @@ Data messages map onto the paper's four worker-side and four server-side operati
 | 0 | push request (also MXNet 1.9.1's fused push-pull request) | Push_Send_Worker | Push_Recv_Server |
 | 1 | push response without values | Push_Recv_Worker | Push_Send_Server |
 | 2 | pull request | Pull_Send_Worker | Pull_Recv_Server |
-| 3 | pull response (also the fused push-pull response: it carries the updated values) | Pull_Recv_Worker | Pull_Send_Server |
+| 3 | pull response (and the fused push-pull's: it carries the new values) | Pull_Recv_Worker | Pull_Send_Server |
 
 Rounds: per (node, peer, tensor key), requests in the worker's dispatch order (the ps-lite timestamp, a per
 customer request counter, so both ends of a connection agree whatever the capture timing) are numbered by
 their push: the n-th push opens round n. Iteration = round - 1, except that the first push of a key is
-kv.init (iteration -1) when no pull of that key preceded it; pulls belong to the round of the latest push
-before them, so the pulls of the initial broadcast are iteration -1 too. A response inherits its request's.
+kv.init (iteration -1) when it asks for no values back (not a fused push-pull) and no pull of that key
+preceded it; pulls belong to the round of the latest push before them, so the pulls of the initial broadcast
+are iteration -1 too. A response inherits its request's.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class Topology:
 class Trace:
     """Every node's records, with what the statistics need to know about the job."""
 
-    records: pd.DataFrame          # RECORD_COLUMNS, sorted by (node_id, record_id)
+    records: pd.DataFrame          # RECORD_COLUMNS, in no particular order (record_id orders each node's)
     nodes: pd.DataFrame            # node_id, name, role, rank, dlc_rank, vantage ("own"/"peers"), captures
     topology: Topology
     mode: str                      # "sync" or "async"
@@ -157,8 +158,11 @@ def _message_kind(messages: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.nd
     return category.astype(np.int8), slot.astype(np.int8), fused & (category == CATEGORY_DATA)
 
 
-def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> pd.DataFrame:
-    """The sender's and the receiver's record of every message seen from their vantage points."""
+def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The sender's and the receiver's record of every message seen from their vantage points, for the
+    records some trace file holds; and how many seen records none holds (control traffic between workers
+    and servers, unknown node ids...). A worker's or server's view of its control traffic with the scheduler
+    is not counted: the scheduler's trace holds it."""
     capture = pd.Categorical(messages["capture"])
     n_captures = max(len(capture.categories), 1)
     vantage_code = vantage["node_id"].to_numpy(np.int64) * n_captures + pd.Categorical(
@@ -166,6 +170,7 @@ def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> pd.DataFrame:
     sender = messages["sender_id"].fillna(-1).to_numpy(np.int64)
     recver = messages["recver_id"].fillna(-1).to_numpy(np.int64)
     category, slot, fused = _message_kind(messages)
+    control_cmd = messages["control_cmd"].fillna(-1).to_numpy(np.int16)
     req_type = pd.Categorical(messages["req_type"])
     columns = {
         "category": category, "slot": slot, "fused": fused,
@@ -174,24 +179,33 @@ def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> pd.DataFrame:
         "complete": messages["complete"].fillna(False).to_numpy(bool),
         "tensor_key": messages["tensor_key"].fillna(-1).to_numpy(np.int64),
         "ps_timestamp": messages["ps_timestamp"].fillna(-1).to_numpy(np.int64),
-        "customer_id": messages["customer_id"].fillna(-1).to_numpy(np.int64),
-        "app_id": messages["app_id"].fillna(-1).to_numpy(np.int64),
-        "control_cmd": messages["control_cmd"].fillna(-1).to_numpy(np.int16),
-        "req_type": req_type.codes, "rows": messages["rows"].to_numpy(np.float64),
-        "capture": capture.codes,
+        "customer_id": messages["customer_id"].fillna(-1).to_numpy(np.int32),
+        "app_id": messages["app_id"].fillna(-1).to_numpy(np.int32),
+        "control_cmd": control_cmd, "req_type": req_type.codes,
+        "rows": messages["rows"].to_numpy(np.float64), "capture": capture.codes,
     }
-    frames = []
+    is_control = category == CATEGORY_CONTROL
+    frames, dropped = [], 0
     for node, peer, is_send, ts_column in ((sender, recver, True, "ts_first_ns"),
                                            (recver, sender, False, "ts_last_ns")):
-        rows = np.flatnonzero(np.isin(node * n_captures + capture.codes, vantage_code))
+        seen = np.isin(node * n_captures + capture.codes, vantage_code)
+        node_role, _ = node_role_rank(node)
+        peer_role, _ = node_role_rank(peer)
+        operation = _operation_codes(node_role, category, slot, np.full(len(node), is_send), control_cmd)
+        kv_pair = ((node_role == ROLE_WORKER) & (peer_role == ROLE_SERVER)) | (
+            (node_role == ROLE_SERVER) & (peer_role == ROLE_WORKER))
+        keep = seen & (operation >= 0) & (kv_pair | is_control)
+        dropped += int((seen & ~keep & ~(is_control & (peer_role == ROLE_SCHEDULER))).sum())
+        rows = np.flatnonzero(keep)
         frames.append(pd.DataFrame({
-            "node_id": node[rows], "peer_id": peer[rows], "is_send": np.full(len(rows), is_send),
-            "ts_ns": messages[ts_column].to_numpy(np.int64)[rows],
+            "node_id": node[rows].astype(np.int32), "peer_id": peer[rows].astype(np.int32),
+            "node_role": node_role[rows], "is_send": np.full(len(rows), is_send),
+            "operation": operation[rows].astype(np.int16), "ts_ns": messages[ts_column].to_numpy(np.int64)[rows],
             **{name: values[rows] for name, values in columns.items()}}))
     sides = pd.concat(frames, ignore_index=True)
     sides["req_type"] = pd.Categorical.from_codes(sides["req_type"], categories=req_type.categories)
     sides["capture"] = pd.Categorical.from_codes(sides["capture"], categories=capture.categories)
-    return sides
+    return sides, dropped
 
 
 def _drop_seen_twice(sides: pd.DataFrame, multi_nodes: np.ndarray) -> tuple[pd.DataFrame, int]:
@@ -207,7 +221,7 @@ def _drop_seen_twice(sides: pd.DataFrame, multi_nodes: np.ndarray) -> tuple[pd.D
     return out, int(len(subset) - len(kept))
 
 
-def _group_starts(*sorted_keys: np.ndarray) -> np.ndarray:
+def group_starts(*sorted_keys: np.ndarray) -> np.ndarray:
     """True where any key differs from the previous row (the keys are already sorted)."""
     n = len(sorted_keys[0])
     start = np.zeros(n, dtype=bool)
@@ -234,7 +248,7 @@ def _match_responses(records: pd.DataFrame) -> np.ndarray:
                                                    "ps_timestamp")]
     is_response = ~records["request"].to_numpy()
     order = np.lexsort([is_response] + keys[::-1] + [~exchange])
-    starts = _group_starts(*(key[order] for key in keys), exchange[order])
+    starts = group_starts(*(key[order] for key in keys), exchange[order])
     matched = np.full(len(records), -1, dtype=np.int64)
     follows_request = ~starts[1:] & ~is_response[order][:-1] & is_response[order][1:] & exchange[order][1:]
     matched[order[1:][follows_request]] = order[:-1][follows_request]
@@ -248,13 +262,15 @@ def _assign_iterations(records: pd.DataFrame) -> np.ndarray:
     node, peer, key, stamp = (records[name].to_numpy()[rows] for name in
                               ("node_id", "peer_id", "tensor_key", "ps_timestamp"))
     order = np.lexsort([stamp, key, peer, node])
-    starts = _group_starts(node[order], peer[order], key[order])
+    starts = group_starts(node[order], peer[order], key[order])
     slot = records["slot"].to_numpy()[rows][order]
+    fused = records["fused"].to_numpy()[rows][order]
     is_push = (slot == SLOT_PUSH_REQUEST).astype(np.int64)
     is_pull = (slot == SLOT_PULL_REQUEST).astype(np.int64)
     pushes = _cumsum_within(is_push, starts)
     pulls_before = _cumsum_within(is_pull, starts) - is_pull
-    init_push = (is_push == 1) & (pushes == 1) & (pulls_before == 0)
+    # kv.init pushes without asking for values back; a fused push-pull is always training
+    init_push = (is_push == 1) & ~fused & (pushes == 1) & (pulls_before == 0)
     channel = np.cumsum(starts) - 1
     channel_has_init = np.zeros(channel[-1] + 1 if len(channel) else 0, dtype=np.int64)
     np.maximum.at(channel_has_init, channel, init_push.astype(np.int64))
@@ -273,7 +289,7 @@ def _command_numbers(records: pd.DataFrame, matched: np.ndarray) -> np.ndarray:
                        (np.flatnonzero(category == CATEGORY_CONTROL), 1)):
         node, peer, ts = (records[name].to_numpy()[rows] for name in ("node_id", "peer_id", "ts_ns"))
         order = np.lexsort([ts, peer, node])
-        starts = _group_starts(node[order], peer[order])
+        starts = group_starts(node[order], peer[order])
         number[rows[order]] = (_cumsum_within(np.ones(len(rows), dtype=np.int64), starts) - 1) * step
     responses = np.flatnonzero((category == CATEGORY_COMMAND) & ~request & (matched >= 0))
     number[responses] = number[matched[responses]] + 1
@@ -294,7 +310,7 @@ def _operation_codes(node_role: np.ndarray, category: np.ndarray, slot: np.ndarr
     return np.select(
         [data & worker_ok, data & server_ok, command & worker_ok, command & server_ok, control],
         [slot, len(WORKER_OPERATIONS) + slot, n_dlc + slot, n_dlc + n_cmd + slot,
-         n_dlc + 2 * n_cmd + 2 * control_cmd.astype(np.int64) + ~is_send],
+         n_dlc + 2 * n_cmd + 2 * control_cmd.astype(np.int64) + np.where(is_send, 0, 1)],
         -1).astype(np.int64)
 
 
@@ -306,11 +322,12 @@ def kvstore_mode(messages: pd.DataFrame, records: pd.DataFrame) -> tuple[str, st
         return "sync", "the workers sent the sync_mode command"
     if messages["flavor"].eq("byteps").any():
         return "sync", "BytePS servers aggregate every worker's push"
-    server = records[(records["node_role"] == ROLE_SERVER) & (records["category"] == CATEGORY_DATA)
-                     & (records["iteration"] >= 0)]
     group = ["node_id", "tensor_key", "iteration"]
+    server = records[["slot", "fused", "ts_ns"] + group][
+        ((records["node_role"] == ROLE_SERVER) & (records["category"] == CATEGORY_DATA)
+         & (records["iteration"] >= 0)).to_numpy()]
     pushes = server[server["slot"] == SLOT_PUSH_REQUEST].groupby(group)["ts_ns"].agg(["max", "size"])
-    answers = server[(server["slot"] == SLOT_PUSH_RESPONSE) | server["fused"] & (server["slot"] == 3)]
+    answers = server[(server["slot"] == SLOT_PUSH_RESPONSE) | server["fused"] & (server["slot"] == SLOT_PULL_RESPONSE)]
     first_answer = answers.groupby(group)["ts_ns"].min()
     both = pushes.join(first_answer.rename("first_answer"), how="inner")
     both = both[both["size"] > 1]
@@ -322,68 +339,65 @@ def kvstore_mode(messages: pd.DataFrame, records: pd.DataFrame) -> tuple[str, st
 
 
 def build_records(dataset: Dataset) -> Trace:
-    """Every node's records (RECORD_COLUMNS) from a decoded job."""
+    """Every node's records (RECORD_COLUMNS) from a decoded job; record_id numbers each node's records in
+    time order (the frame itself is in no particular order)."""
     messages = dataset.messages
     if len(messages) == 0:
         raise AnalysisError(f"{dataset.source}: no ps-lite messages were decoded — nothing to analyse")
     topology = job_topology(messages, dataset.nodes)
     vantage = vantage_points(messages)
     multi = vantage.groupby("node_id").size()
-    sides, seen_twice = _drop_seen_twice(_sides(messages, vantage), multi[multi > 1].index.to_numpy())
+    sides, dropped = _sides(messages, vantage)
+    sides, seen_twice = _drop_seen_twice(sides, multi[multi > 1].index.to_numpy())
 
-    node_role, _ = node_role_rank(sides["node_id"].to_numpy())
-    peer_role, _ = node_role_rank(sides["peer_id"].to_numpy())
-    operation = _operation_codes(node_role, sides["category"].to_numpy(), sides["slot"].to_numpy(),
-                                 sides["is_send"].to_numpy(), sides["control_cmd"].to_numpy())
-    kv_pair = ((node_role == ROLE_WORKER) & (peer_role == ROLE_SERVER)) | (
-        (node_role == ROLE_SERVER) & (peer_role == ROLE_WORKER))
-    keep = (operation >= 0) & (kv_pair | (sides["category"].to_numpy() == CATEGORY_CONTROL))
-    records = sides[keep].reset_index(drop=True)
-    operation, node_role = operation[keep], node_role[keep]
-
-    matched = _match_responses(records)
-    iteration = _assign_iterations(records)
+    matched = _match_responses(sides)
     answered = matched >= 0
-    unanswerable = ~records["request"].to_numpy() & ~answered & (
-        records["category"].to_numpy() != CATEGORY_CONTROL)
+    iteration = _assign_iterations(sides)
     iteration[answered] = iteration[matched[answered]]
-    tensor_key = records["tensor_key"].to_numpy().copy()
+    tensor_key = sides["tensor_key"].to_numpy().copy()
     tensor_key[answered] = tensor_key[matched[answered]]
-    request_ts = np.full(len(records), -1, dtype=np.int64)
-    request_ts[answered] = records["ts_ns"].to_numpy()[matched[answered]]
-    slot = records["slot"].to_numpy()
-    data = records["category"].to_numpy() == CATEGORY_DATA
-    op_num = np.where(data, 4 * (iteration + 1) + slot, _command_numbers(records, matched))
+    ts = sides["ts_ns"].to_numpy()
+    request_ts = np.full(len(sides), -1, dtype=np.int64)
+    request_ts[answered] = ts[matched[answered]]
+    category, slot = sides["category"].to_numpy(), sides["slot"].to_numpy()
+    data = category == CATEGORY_DATA
+    op_num = np.where(data, 4 * (iteration + 1) + slot, _command_numbers(sides, matched))
     op_num = np.where(data & (iteration == NO_ITERATION), -1, op_num)
 
-    node_id, peer_id = records["node_id"].to_numpy(), records["peer_id"].to_numpy()
+    node_id, peer_id = sides["node_id"].to_numpy(), sides["peer_id"].to_numpy()
+    node_role = sides["node_role"].to_numpy()
+    kv = (node_role == ROLE_WORKER) | (node_role == ROLE_SERVER)
     worker_side = node_role == ROLE_WORKER
-    worker_id = np.where(worker_side, node_id, peer_id)
-    server_id = np.where(worker_side, peer_id, node_id)
-    _, worker_rank = node_role_rank(worker_id)
-    _, server_rank = node_role_rank(server_id)
-    kv = np.isin(node_role, (ROLE_WORKER, ROLE_SERVER))
-    records = records.assign(
-        node_role=node_role, dlc_rank=dlc_ranks(node_id, topology), peer_dlc_rank=dlc_ranks(peer_id, topology),
-        worker_rank=np.where(kv, worker_rank, -1).astype(np.int32),
-        server_rank=np.where(kv, server_rank, -1).astype(np.int32),
-        operation=pd.Categorical.from_codes(operation, categories=list(OPERATIONS)),
-        tensor_key=tensor_key, iteration=iteration.astype(np.int32), op_num=op_num, request_ts_ns=request_ts,
-    )
-    order = np.lexsort([records["slot"].to_numpy(), records["ts_ns"].to_numpy(), node_id])
-    records = records.iloc[order].reset_index(drop=True)
-    starts = _group_starts(records["node_id"].to_numpy())
-    records["record_id"] = _cumsum_within(np.ones(len(records), dtype=np.int64), starts) - 1
+    _, worker_rank = node_role_rank(np.where(worker_side, node_id, peer_id))
+    _, server_rank = node_role_rank(np.where(worker_side, peer_id, node_id))
+    order = np.lexsort([slot, ts, node_id])
+    record_id = np.empty(len(sides), dtype=np.int64)
+    record_id[order] = _cumsum_within(np.ones(len(sides), dtype=np.int64), group_starts(node_id[order])) - 1
+    records = pd.DataFrame({
+        "node_id": node_id, "peer_id": peer_id, "node_role": node_role,
+        "dlc_rank": dlc_ranks(node_id, topology), "peer_dlc_rank": dlc_ranks(peer_id, topology),
+        "worker_rank": np.where(kv, worker_rank, -1).astype(np.int32),
+        "server_rank": np.where(kv, server_rank, -1).astype(np.int32),
+        "is_send": sides["is_send"].to_numpy(), "category": category, "slot": slot,
+        "fused": sides["fused"].to_numpy(),
+        "operation": pd.Categorical.from_codes(sides["operation"].to_numpy(), categories=list(OPERATIONS)),
+        "ts_ns": ts, "length": sides["length"].to_numpy(), "complete": sides["complete"].to_numpy(),
+        "tensor_key": tensor_key, "ps_timestamp": sides["ps_timestamp"].to_numpy(),
+        "iteration": iteration.astype(np.int32), "op_num": op_num, "request_ts_ns": request_ts,
+        "req_type": sides["req_type"].array, "rows": sides["rows"].to_numpy(),
+        "control_cmd": sides["control_cmd"].to_numpy(), "capture": sides["capture"].array, "record_id": record_id,
+    })
     mode, evidence = kvstore_mode(messages, records)
+    unanswered = ~sides["request"].to_numpy() & ~answered & (category != CATEGORY_CONTROL)
     losses = {
         "messages": int(len(messages)),
         "records": int(len(records)),
         "records_seen_twice_dropped": seen_twice,
-        "records_in_no_trace": int((~keep).sum()),
-        "responses_without_request": int(unanswerable.sum()),
+        "records_dropped": dropped,
+        "responses_without_request": int(unanswered.sum()),
         "incomplete_records": int((~records["complete"]).sum()),
     }
-    return Trace(records=records[list(RECORD_COLUMNS)], nodes=_node_table(vantage, topology), topology=topology,
+    return Trace(records=records, nodes=_node_table(vantage, topology), topology=topology,
                  mode=mode, mode_evidence=evidence, losses=losses)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from analysis.load import AnalysisError
 from analysis.operations import (
@@ -25,6 +26,11 @@ CDF_POINTS = 512                  # quantiles drawn per operation: enough for a 
 MAX_TIMELINE_WORKERS = 8
 MAX_BOX_KEYS = 60                 # the largest tensors, when a model has more
 DPI = 110
+NOT_MEASURED = {
+    "sync_overhead_us": "n/a: servers do not wait for every worker (async mode)",
+    "update_overhead_us": "n/a: no push was answered in the capture",
+    "search_overhead_us": "n/a: no explicit pull after initialisation (MXNet 1.9.1 push-pull fetches the values)",
+}
 
 
 def size_cdf_figure(trace: Trace) -> Figure:
@@ -64,6 +70,7 @@ def iteration_figure(stats: Stats) -> Figure:
         right.plot(mine["iteration"], mine["communication_s"] * 1e3, marker="s", linestyle="--",
                    label=f"worker{rank} communication")
     right.set_xlabel("iteration")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("ms")
     right.set_title("Computation (P1 + P2) and communication (P3)")
     right.grid(True, alpha=0.3)
@@ -87,8 +94,8 @@ def key_overhead_figure(stats: Stats) -> Figure:
         if shown:
             axis.boxplot([sample for _, sample in shown], positions=[pos for pos, _ in shown], widths=0.6)
         else:
-            axis.text(0.5, 0.5, "not measurable in this job (see the README)", transform=axis.transAxes,
-                      ha="center", va="center", color="gray")
+            axis.text(0.5, 0.5, NOT_MEASURED[name], transform=axis.transAxes, ha="center", va="center",
+                      color="gray")
         axis.set_ylabel(f"{name.removesuffix('_us').replace('_', ' ')} (µs)")
         axis.grid(True, axis="y", alpha=0.3)
     axes[-1].set_xticks(positions, labels, fontsize=7)
@@ -112,10 +119,12 @@ def traffic_figure(stats: Stats, trace: Trace) -> Figure:
     names = [f"{name} ({rank})" for name, rank in zip(nodes["name"], ranks)]
     axis.set_xticks(range(len(ranks)), names, rotation=45, ha="right", fontsize=8)
     axis.set_yticks(range(len(ranks)), names, fontsize=8)
-    if len(ranks) <= 12:
+    if len(ranks) <= 12 and masked.count():
         for (row, column), value in np.ndenumerate(matrix):
             if value > 0:
-                axis.text(column, row, human_bytes(value), ha="center", va="center", fontsize=7, color="white")
+                bright = image.norm(value) > 0.6          # viridis turns yellow: dark text there
+                axis.text(column, row, human_bytes(value), ha="center", va="center", fontsize=7,
+                          color="black" if bright else "white")
     axis.set_xlabel("receiver (DLC rank)")
     axis.set_ylabel("sender (DLC rank)")
     axis.set_title("Traffic matrix: bytes sent, sender × receiver")
@@ -135,7 +144,7 @@ def _timeline_iteration(stats: Stats, rank: int) -> int | None:
 def timeline_figure(trace: Trace, stats: Stats) -> Figure:
     records = trace.records
     workers = sorted(stats.iterations["worker_rank"].unique())[:MAX_TIMELINE_WORKERS]
-    figure = Figure(figsize=(11, 2.2 + 1.6 * max(len(workers), 1)))
+    figure = Figure(figsize=(13, 2.2 + 1.6 * max(len(workers), 1)))
     axes = figure.subplots(max(len(workers), 1), 1, squeeze=False)
     for axis, rank in zip(axes[:, 0], workers):
         iteration = _timeline_iteration(stats, rank)
@@ -157,29 +166,32 @@ def timeline_figure(trace: Trace, stats: Stats) -> Figure:
             if chosen.any():
                 axis.barh(lanes.codes[chosen], (end - begin)[chosen], left=begin[chosen], height=0.6,
                           color=color, label=label)
-        first_push = mine.loc[mine["slot"] == SLOT_PUSH_REQUEST, "ts_ns"]
-        marks = [("phase 1 starts (last values of t-1)", 0.0)]
-        if len(first_push):
-            marks += [("first push", (first_push.min() - origin) / 1e6), ("last push", (first_push.max() - origin) / 1e6)]
-        for (label, x), style in zip(marks, (":", "--", "-.")):
+        pushes = mine.loc[mine["slot"] == SLOT_PUSH_REQUEST, "ts_ns"]
+        marks = [("last values of t-1 (P1 starts)", 0.0, ":")]
+        if len(pushes):
+            marks += [("first push (P2, P3 start)", (pushes.min() - origin) / 1e6, "--"),
+                      ("last push (P2 ends)", (pushes.max() - origin) / 1e6, "-.")]
+        if np.isfinite(row["phase3_s"]) and len(pushes):
+            marks.append(("last values (P3 ends)", (pushes.min() - origin) / 1e6 + row["phase3_s"] * 1e3, "-"))
+        for label, x, style in marks:
             axis.axvline(x, color="gray", linestyle=style, linewidth=1, label=label)
         axis.set_yticks(range(len(lanes.categories)), [f"k{lane}" for lane in lanes.categories], fontsize=7)
         axis.set_title(f"worker{rank}, iteration {iteration}: P1 {row['phase1_s'] * 1e3:.2f} ms, "
                        f"P2 {row['phase2_s'] * 1e3:.2f} ms, P3 {row['phase3_s'] * 1e3:.2f} ms", fontsize=9)
         handles, labels = axis.get_legend_handles_labels()
         unique = dict(zip(labels, handles))
-        axis.legend(unique.values(), unique.keys(), fontsize=7, loc="upper right")
+        axis.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         axis.grid(True, axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("ms since the iteration started (the previous iteration's last values arrived)")
     figure.tight_layout()
     return figure
 
 
-def figures(trace: Trace, stats: Stats) -> dict[str, tuple[str, Figure]]:
-    """name → (caption, figure) of every figure in the report."""
-    return {
-        "message_sizes": ("Distribution of message length per operation (the paper's long/short split).",
-                          size_cdf_figure(trace)),
+def rendered_figures(trace: Trace, stats: Stats) -> dict[str, tuple[str, bytes]]:
+    """name → (caption, PNG) of every figure in the report."""
+    drawn = {
+        "message_sizes": ("Distribution of message length per operation (the paper's long/short split; each "
+                          "message counts once at its sender and once at its receiver).", size_cdf_figure(trace)),
         "iterations": ("Overlap ratio and computation/communication time per iteration (phases as defined in "
                        "SketchDLC; MXNet 1.9.1's fused push-pull counts as push and pull).",
                        iteration_figure(stats)),
@@ -189,24 +201,13 @@ def figures(trace: Trace, stats: Stats) -> dict[str, tuple[str, Figure]]:
         "timeline": ("One iteration per worker: every request from its send to the receipt of its answer.",
                      timeline_figure(trace, stats)),
     }
+    return {name: (caption, figure_png(figure)) for name, (caption, figure) in drawn.items()}
 
 
 def figure_png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
-
-
-def save_figures(trace: Trace, stats: Stats, out_dir: str | Path) -> list[Path]:
-    """Every report figure as OUT_DIR/<name>.png (to look at them one by one)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, (_, figure) in figures(trace, stats).items():
-        path = out_dir / f"{name}.png"
-        path.write_bytes(figure_png(figure))
-        written.append(path)
-    return written
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -232,7 +233,7 @@ th{background:#f4f4f4;text-align:left}figure{margin:2em 0}img{max-width:100%}
 figcaption{color:#555;font-size:90%}"""
 
 
-def report_html(trace: Trace, stats: Stats) -> str:
+def report_html(trace: Trace, stats: Stats, figures: dict[str, tuple[str, bytes]]) -> str:
     summary = stats.summary
     nodes = [(f"{row['name']} (DLC rank {row['dlc_rank']})", f"{row['vantage']} capture: {row['captures']}")
              for row in summary["nodes"]]
@@ -247,22 +248,28 @@ def report_html(trace: Trace, stats: Stats) -> str:
         "<h2>What could not be measured</h2>",
         _table([(name.replace("_", " "), str(value)) for name, value in summary["losses"].items()]),
     ]
-    for name, (caption, figure) in figures(trace, stats).items():
-        encoded = base64.b64encode(figure_png(figure)).decode("ascii")
+    for name, (caption, png) in figures.items():
+        encoded = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure id='{name}'><img alt='{name}' src='data:image/png;base64,{encoded}'>"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(trace: Trace, stats: Stats, path: str | Path) -> Path:
+def write_report(trace: Trace, stats: Stats, path: str | Path, figures_dir: str | Path | None = None) -> Path:
+    """The HTML report at `path`; with figures_dir, every figure also as figures_dir/<name>.png."""
     path = Path(path)
     if len(stats.iterations) == 0:
         raise AnalysisError("no worker iteration was found in the trace: nothing to report "
                             "(were the workers' push/pull messages captured?)")
+    figures = rendered_figures(trace, stats)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report_html(trace, stats), encoding="utf-8")
+        path.write_text(report_html(trace, stats, figures), encoding="utf-8")
+        if figures_dir is not None:
+            Path(figures_dir).mkdir(parents=True, exist_ok=True)
+            for name, (_, png) in figures.items():
+                (Path(figures_dir) / f"{name}.png").write_bytes(png)
     except OSError as exc:
-        raise AnalysisError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise AnalysisError(f"cannot write {exc.filename or path}: {exc.strerror or exc}") from exc
     return path

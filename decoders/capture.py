@@ -22,8 +22,8 @@ from typing import Iterator
 from decoders.errors import DecodeError
 
 CHUNK_BYTES = 1 << 20
-# No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB, pcapng readers
-# cap blocks at 16 MiB); a larger length field means the file is corrupt from there on.
+# No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length
+# field means the file is corrupt from there on.
 MAX_RECORD_BYTES = 1 << 26
 NS_PER_S = 1_000_000_000
 
@@ -35,7 +35,7 @@ _PCAP_MAGICS = {
     b"\x4d\x3c\xb2\xa1": ("<", 1),      # 0xa1b23c4d: nanoseconds
     b"\xa1\xb2\x3c\x4d": (">", 1),
 }
-_PCAP_MODIFIED_MAGICS = (b"\x34\xcd\xb2\xa1", b"\xa1\xb2\xcd\x34")   # Kuznetzov's patched libpcap format
+_PCAP_MODIFIED_MAGICS = (b"\x34\xcd\xb2\xa1", b"\xa1\xb2\xcd\x34")   # 0xa1b2cd34: "modified pcap"
 _PCAP_HEADER_BYTES = 24
 _PCAP_RECORD_HEADER_BYTES = 16
 
@@ -164,8 +164,8 @@ class CaptureReader:
             self.format = "pcapng"
             return self._pcapng_records()
         if magic in _PCAP_MODIFIED_MAGICS:
-            raise CaptureError(f"{self.path}: unsupported pcap variant (the 'modified pcap' format of "
-                               f"patched Red Hat libpcap); convert it with `editcap -F pcap`")
+            raise CaptureError(f"{self.path}: unsupported pcap variant (the 'modified pcap' format of a "
+                               f"patched libpcap); convert it with `editcap -F pcap`")
         if self._input_error is not None:
             raise CaptureError(f"{self.path}: not a readable gzip-compressed file ({self._input_error})")
         raise CaptureError(f"{self.path}: not a pcap or pcapng {what}: {_describe_start(bytes(head[:16]))}")
@@ -260,7 +260,8 @@ class CaptureReader:
         endian = "<"
         block_header = struct.Struct("<II")
         epb = pb = None
-        section: list[tuple[int, int, _Timebase, int]] = []   # per section interface: linktype, global id, timebase, snaplen
+        section: list[tuple[int, int, _Timebase, int]] = []   # this section's interfaces: linktype,
+        #                                                          file-wide number, timebase, snaplen
         last_ts_ns = 0
         while True:
             if end - pos < 12:

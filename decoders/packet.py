@@ -5,9 +5,9 @@ counted and skipped: these jobs' TCP never fragments, and RoCE sets DF). Checksu
 a capture on the sending host sees checksums the NIC has not filled in yet.
 
 Header parsing is plain precompiled `struct.Struct.unpack_from` on a memoryview, not dpkt: on a real
-1500-byte-MTU capture (tests/bench_hotpath.py, 60k packets, these 2-core machines) it parses 970k
-packets/s against dpkt's 166k (5.9x; 3.9x when reading the file too: 414k vs 107k), and it keeps
-payloads as views where dpkt copies them into bytes.
+1500-byte-MTU capture (tests/bench_hotpath.py, 60k packets, these shared 2-core machines, 4 runs) it
+parses 0.68-1.0 M packets/s against dpkt's 160-180 k (3.8-5.9x; 3.4-5.5x reading the file too), and it
+keeps payloads as views where dpkt copies each into a new bytes object.
 """
 from __future__ import annotations
 

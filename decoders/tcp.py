@@ -5,8 +5,10 @@ A *stream* is one direction of one TCP connection. Its bytes come out in order, 
 started mid-connection). Bytes the capture never saw come out as `StreamGap`, in their place in the
 order, so a consumer can skip them:
 - a segment cut by the capture's snaplen: the missing tail is known at once;
-- a dropped segment: data buffered past the hole shows it, and the hole is declared lost when the other
-  direction has acknowledged beyond it (the receiver got bytes this capture never saw), when the
+- a dropped segment: data buffered past the hole shows it, and the hole is declared lost once the other
+  direction has acknowledged beyond it (the receiver got bytes this capture never saw) and a reorder
+  window of capture time has passed since that acknowledgement (captures reorder packets: `-i any`
+  merges per-CPU queues, and merged or edited captures shuffle them further), when the
   stream is reset or replaced by a new connection, at the end of input, or when the data buffered past
   it exceeds the per-stream bound. Until then it may still be filled by a reordered or retransmitted
   segment.
@@ -27,6 +29,9 @@ SEQ_MODULUS = 1 << 32
 _SEQ_MASK = SEQ_MODULUS - 1
 _SEQ_HALF = 1 << 31
 DEFAULT_MAX_BUFFERED_BYTES_PER_STREAM = 4 << 20
+# How long after an acknowledgement (in capture time) an unacknowledged-looking hole may still be filled by
+# a segment the capture recorded out of order. Data buffered meanwhile stays within the per-stream bound.
+REORDER_WINDOW_NS = 50_000_000
 
 StreamKey = tuple[bytes, int, bytes, int]      # (src ip, src port, dst ip, dst port), ips packed
 
@@ -70,14 +75,15 @@ class TcpStream:
 
     `bytes` counts captured payload bytes delivered as StreamData, each once; `missing_bytes` those
     delivered as StreamGap; so `bytes + missing_bytes` is how far the stream got. `retransmitted_bytes`
-    counts payload bytes that repeated bytes already delivered, declared lost or buffered (for a stream
-    whose start was not captured, also bytes before its first byte seen). `buffered_bytes` is
-    out-of-order data waiting for a hole to fill.
+    counts payload bytes that repeated bytes already delivered, declared lost or buffered, and payload
+    after the stream ended (for a stream whose start was not captured, also bytes before its first byte
+    seen). `buffered_bytes` is out-of-order data waiting for a hole to fill.
     """
 
     __slots__ = ("stream_id", "key", "syn_seen", "first_ts_ns", "last_ts_ns", "packets", "bytes",
                  "missing_bytes", "retransmitted_bytes", "fin_seen", "rst_seen", "ended", "buffered_bytes",
-                 "_isn", "_next_seq", "_next_offset", "_acked_offset", "_fin_offset", "_fin_ts_ns", "_pending")
+                 "_isn", "_next_seq", "_next_offset", "_acked_offset", "_acked_ts_ns", "_fin_offset", "_fin_ts_ns",
+                 "_pending")
 
     def __init__(self, stream_id: int, key: StreamKey, ts_ns: int, syn_seen: bool, next_seq: int):
         self.stream_id = stream_id
@@ -96,7 +102,8 @@ class TcpStream:
         self._isn = (next_seq - 1) & _SEQ_MASK if syn_seen else None
         self._next_seq = next_seq            # sequence number of the next byte to deliver...
         self._next_offset = 0                # ...and its stream offset
-        self._acked_offset = 0               # highest offset the other direction acknowledged
+        self._acked_offset = 0               # highest offset the other direction acknowledged...
+        self._acked_ts_ns = 0                # ...first acknowledged past the next byte to deliver at this time
         self._fin_offset: int | None = None
         self._fin_ts_ns = 0
         # Out-of-order pieces, sorted and disjoint: (start offset, end offset, bytes or None = never
@@ -161,8 +168,12 @@ class TcpReassembler:
             if other is not None and not other.ended:
                 acked_offset = other.offset_of(seg.ack)
                 if acked_offset > other._acked_offset:
+                    if other._acked_offset <= other._next_offset:
+                        other._acked_ts_ns = ts_ns      # a hole starts to look lost from now on
                     other._acked_offset = acked_offset
-                    self._resolve_acked(other, ts_ns, events)
+                self._resolve_acked(other, ts_ns, events)
+        if stream._acked_offset > stream._next_offset:
+            self._resolve_acked(stream, ts_ns, events)
         return events
 
     def finish(self) -> list[StreamEvent]:
@@ -320,6 +331,8 @@ class TcpReassembler:
             self._skip_hole(stream, ts_ns, events)
 
     def _resolve_acked(self, stream: TcpStream, ts_ns: int, events: list[StreamEvent]) -> None:
-        """Holes wholly before what the other direction acknowledged will never be filled in this capture."""
-        if not stream.ended and stream._acked_offset > stream._next_offset:
+        """Holes wholly before what the other direction acknowledged will never be filled in this capture,
+        once the reorder window after that acknowledgement has passed."""
+        if (not stream.ended and stream._acked_offset > stream._next_offset
+                and ts_ns - stream._acked_ts_ns >= REORDER_WINDOW_NS):
             self._flush(stream, stream._acked_offset, ts_ns, events)

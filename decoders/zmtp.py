@@ -78,6 +78,7 @@ _ENCRYPTED_NAME_PREFIX_BYTES = 1 + 255  # an encrypted frame is read only as far
 
 # Resynchronisation: what a frame found by scanning must look like to be believed.
 RESYNC_MAX_FRAME_BYTES = 1 << 32        # larger sizes are taken for payload bytes
+MIN_MAX_BUFFER = 4096                   # the scan window must hold several short frames
 RESYNC_CHAIN_FRAMES = 4                 # consecutive plausible frame headers checked, when buffered
 VALIDATOR_PREFIX_BYTES = 64 * 1024      # at most this much of a candidate's first body is validated
                                         # (less if max_buffer is smaller)
@@ -295,6 +296,8 @@ class ZmtpDecoder:
 
     def __init__(self, *, keep_body: Callable[[int, int], bool] | None = None, midstream: bool = False,
                  frame_validator: Callable[[bytes], bool] | None = None, max_buffer: int = 1 << 20):
+        if max_buffer < MIN_MAX_BUFFER:
+            raise ValueError(f"max_buffer must be at least {MIN_MAX_BUFFER} bytes (frame chains must fit)")
         self._keep_body = keep_body if keep_body is not None else keep_small_bodies
         self._frame_validator = frame_validator
         self._max_buffer = max_buffer
@@ -660,27 +663,31 @@ class ZmtpDecoder:
 def _classify_greeting(head: bytes) -> tuple[_Framing, int] | None:
     """(framing that follows, greeting size) from the first bytes, or None until they decide it.
 
-    Mirrors libzmq's receive side, plus what a libzmq >= 3 peer sends when it talks down: to a 2.0
-    peer it sends revision 3 and its socket type, then 2.0 frames (byte 12 = identity flags = 0); to an
-    unversioned 1.0 peer it stops after the signature, which then reads as a 1.0 long identity frame.
+    Mirrors libzmq's receive side, plus what a libzmq >= 3 peer sends when it talks down (seen on
+    real libzmq 4.3.5): to a 2.0 peer, revision 3 and its socket type, then 2.0 frames whose first,
+    the identity frame, has flags 0 (byte 12); to an unversioned 1.0 peer, only its signature, which
+    then reads as the header of a 1.0 long identity frame, and 1.0 frames from byte 10 on. Byte 10 is
+    then a 1.0 length (>= 1), byte 12 a body byte or the next length (>= 1 when the first frame is
+    empty). Left ambiguous: a talk-down to 1.0 whose first frame is 2 body bytes starting with 0 reads
+    as a talk-down to 2.0.
     """
     if not head:
         return None
     unversioned = _Framing.V1, 0
     if head[0] != 0xFF:
         return unversioned
-    if len(head) < 10:
+    if len(head) < _SIGNATURE_SIZE:
         return None
     if not head[9] & 0x01:              # a 1.0 long identity frame's flags, not the signature's 0x7F
         return unversioned
     if len(head) < 13:
         return None
-    revision = head[10]
+    revision, identity_flags = head[10], head[12]
     if revision == 0:
         return _Framing.V1, _GREETING_V2.size
-    if revision == 1 or head[12] == 0:
+    if revision in (1, 3) and identity_flags == 0:
         return _Framing.V2, _GREETING_V2.size
-    if not _MECHANISM_PREFIX.fullmatch(head[12:32]):
+    if revision == 1 or not _MECHANISM_PREFIX.fullmatch(head[12:32]):
         return unversioned
     if len(head) < _GREETING_V3.size:
         return None
@@ -718,7 +725,9 @@ class _ZmtpScanner:
     sizes above 255, as libzmq writes it, and at most RESYNC_MAX_FRAME_BYTES), a command (or any frame of
     an encrypted stream) carries a known command name, frame_validator (if any) accepts the body of a
     data candidate, and the next frame headers (up to RESYNC_CHAIN_FRAMES in all) are plausible too,
-    as far as they lie within max_buffer bytes. Decisions depend only on the stream's bytes, never on how
+    as far as they lie within max_buffer bytes and before a gap or the end; when fewer than two
+    headers could be checked, only a first frame that is unlikely by chance (LONG, a command, or
+    validated) is believed. Decisions depend only on the stream's bytes, never on how
     they were chunked: a candidate whose checks need bytes not yet received waits for them.
     """
     __slots__ = ("_reserved", "_named", "_validator", "_validated_bytes", "_reach")
@@ -750,27 +759,29 @@ class _ZmtpScanner:
         """True: believed; False: rejected; an int: the bytes needed from i to decide."""
         reach = i + self._reach
         j = i
-        for depth in range(RESYNC_CHAIN_FRAMES):
+        strong = False      # a first frame that is unlikely by chance: LONG, a named command, validated
+        for checked in range(RESYNC_CHAIN_FRAMES):
             header = self._plausible_header(w, j)
             if header is False:
                 return False
             if isinstance(header, int):     # the header is not all there
                 if final or j + header > reach:
-                    return depth > 0
+                    return checked >= 2 or strong
                 return j + header - i
             header_size, size, is_data = header
-            if depth == 0 and is_data and self._validator is not None:
-                end = j + header_size + min(size, self._validated_bytes)
-                if end > len(w):
-                    return False if final else end - i
-                try:
-                    if not self._validator(w[j + header_size:end]):
+            if not checked:
+                strong = header_size == _FRAME_LONG.size or not is_data
+                if is_data and self._validator is not None:
+                    end = j + header_size + min(size, self._validated_bytes)
+                    if end > len(w):
+                        return False if final else end - i
+                    try:
+                        if not self._validator(w[j + header_size:end]):
+                            return False
+                    except DecodeError:
                         return False
-                except DecodeError:
-                    return False
+                    strong = True
             j += header_size + size
-            if j >= reach:
-                return True
         return True
 
     def _plausible_header(self, w: bytes, j: int) -> tuple[int, int, bool] | int | bool:

@@ -127,3 +127,141 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
             kinds.add_row(str(snd), str(rcv), k, f"{row['messages']:,}", f"{row['bytes']:,}", f"{row['tensors']:,}")
         out.print(kinds)
     out.print(f"wrote {', '.join(f'{n}.parquet' for n in tables)} to {summary['out']}")
+
+
+# --- analysis (issue 3): DLC traces, SketchDLC statistics, the HTML report ---------------------------------
+
+DecodeDir = Annotated[Path, typer.Argument(help="The --out directory of `dlcsniff decode`.")]
+
+
+@app.command()
+def dlc(
+    decode_dir: DecodeDir,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the trace files.")],
+) -> None:
+    """Write every node's DLC trace (SketchDLC format): worker<rank>.txt, server<rank>.txt, scheduler.txt.
+
+    Example: dlcsniff dlc out/mxnet_sync --out out/mxnet_sync/dlc
+    """
+    from analysis import AnalysisError, write_dlc_traces
+
+    try:
+        with err.status("building the DLC traces"):
+            trace, files = write_dlc_traces(decode_dir, out_dir)
+    except AnalysisError as exc:
+        _fail(str(exc))
+    table = Table(title=f"DLC traces in {out_dir} (kvstore {trace.mode})", title_justify="left")
+    for col in ("file", "node", "records", "seen from"):
+        table.add_column(col, justify="right" if col == "records" else "left")
+    for written in files:
+        seen = f"own capture {written.captures}" if written.vantage == "own" else f"peers: {written.captures}"
+        table.add_row(written.path.name, written.node, f"{written.records:,}", seen)
+    out.print(table)
+
+
+@app.command()
+def stats(
+    decode_dir: DecodeDir,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the statistics tables.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the tables.")] = False,
+) -> None:
+    """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics).
+
+    Writes iterations.parquet, keys.parquet, sizes.parquet, traffic.parquet, volume_iterations.parquet,
+    volume_keys.parquet and summary.json. Example: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats
+    """
+    from analysis import AnalysisError, headline, summary_json, write_statistics
+
+    try:
+        with err.status("computing the statistics"):
+            result = write_statistics(decode_dir, out_dir)
+    except AnalysisError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(summary_json(result))
+        return
+    figures = Table(title=f"SketchDLC figures of {decode_dir}", title_justify="left")
+    figures.add_column("metric")
+    figures.add_column("value", justify="right")
+    for metric, value in headline(result.summary):
+        figures.add_row(metric, value)
+    out.print(figures)
+    spread = Table(title="distribution", title_justify="left")
+    for col in ("statistic", "count", "mean", "p50", "p99", "max"):
+        spread.add_column(col, justify="left" if col == "statistic" else "right")
+    for name, found in result.summary["statistics"].items():
+        if found is None:
+            spread.add_row(name, "0", "n/a", "n/a", "n/a", "n/a")
+        else:
+            spread.add_row(name, str(found["count"]), *(f"{found[k]:.4g}" for k in ("mean", "p50", "p99", "max")))
+    out.print(spread)
+    losses = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in result.summary["losses"].items())
+    out.print(f"{losses}\nwrote the tables and summary.json to {out_dir}")
+
+
+@app.command()
+def report(
+    decode_dir: DecodeDir,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")],
+    figures_dir: Annotated[Optional[Path], typer.Option("--figures", help="Also write every figure as "
+                                                        "FIGURES/<name>.png.")] = None,
+) -> None:
+    """One self-contained HTML report (figures embedded) of a decoded job.
+
+    Example: dlcsniff report out/mxnet_sync --out out/mxnet_sync/report.html
+    """
+    from analysis import AnalysisError, write_html_report
+
+    try:
+        with err.status("drawing the report"):
+            written = write_html_report(decode_dir, out_path, figures_dir)
+    except AnalysisError as exc:
+        _fail(str(exc))
+    out.print(f"wrote {written}")
+
+
+@app.command()
+def capture(
+    iface: Annotated[Optional[str], typer.Option("--iface", "-i", help="Interface to capture on (`any`: all).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Capture directory (created 0700; a "
+                                                    "restart adds a new file set).")] = None,
+    filter_text: Annotated[Optional[str], typer.Option("--filter", help="pcap filter expression.")] = None,
+    ports: Annotated[Optional[str], typer.Option("--ports", help="Only these TCP ports, e.g. 9091,9100-9200.")] = None,
+    snaplen: Annotated[int, typer.Option("--snaplen", help="Bytes kept per packet (0: whole packets).")] = 0,
+    rotate_mb: Annotated[int, typer.Option("--rotate-mb", help="Start a new capture file every N MB.")] = 100,
+    max_disk_mb: Annotated[Optional[int], typer.Option("--max-disk-mb", help="Disk budget of the directory in MB, "
+                                                       "never exceeded: the capture stops when it is used up.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Stop after this many seconds.")] = None,
+    no_ebpf: Annotated[bool, typer.Option("--no-ebpf", help="Packets only: no eBPF probes.")] = False,
+    user: Annotated[Optional[str], typer.Option("--user", help="User to run as once the capture is open "
+                                                "(default: tcpdump, else nobody).")] = None,
+    lib: Annotated[Optional[list[Path]], typer.Option("--lib", help="Also probe this libzmq/libnccl (or a library "
+                                                      "embedding it) from the start; repeatable.")] = None,
+    buffer_mb: Annotated[int, typer.Option("--buffer-mb", help="Kernel capture ring in MiB.")] = 64,
+    print_bpf: Annotated[bool, typer.Option("--print-bpf", help="Print the eBPF program and its compiler flags "
+                                            "as they would be used here, and exit.")] = False,
+) -> None:
+    """Capture packets and eBPF probe events beside a running job, until Ctrl-C / SIGTERM (root).
+
+    Example: dlcsniff capture --iface eth0 --out /var/lib/dlcsniff/job1 --ports 9000-9300 --max-disk-mb 20000
+    """
+    from sniffer.daemon import CaptureError, CaptureOptions, print_bpf_program, run_capture
+
+    if print_bpf:
+        print(print_bpf_program())
+        return
+    if iface is None or out_dir is None:
+        _fail("capture needs --iface and --out")
+    options = CaptureOptions(interface=iface, out_dir=out_dir, filter=filter_text, ports=ports, snaplen=snaplen,
+                             rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration, ebpf=not no_ebpf,
+                             user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb)
+    try:
+        # The daemon's own plain stderr lines: after the switch to an unprivileged user it must not need
+        # anything (a lazily imported module) it can no longer read.
+        result = run_capture(options)
+    except CaptureError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}")
+    raise typer.Exit(result.exit_code)

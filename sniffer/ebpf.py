@@ -16,14 +16,18 @@ The BPF C text lives in probes/*.c; this module only joins the files and chooses
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import re
+import signal
+import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sniffer import procnet
 from sniffer.events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
@@ -59,6 +63,8 @@ NCCL_PROBES = {
     **{name: ("nccl_comm_init_enter", "nccl_comm_init_return") for name in NCCL_COMM_INIT_FUNCTIONS},
 }
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_PR_SET_PDEATHSIG = 1
+ATTACH_REPLY_TIMEOUT_S = 30.0     # symbol lookup in a 150 MB library (libmxnet.so) takes a fraction of that
 
 
 class EbpfUnavailable(RuntimeError):
@@ -317,3 +323,78 @@ class ProbeSession:
 
     def close(self) -> None:
         self._bpf.cleanup()
+
+
+class UprobeAttacher:
+    """Privilege separation for uprobes. Attaching a uprobe needs CAP_SYS_ADMIN on these kernels (the
+    uprobe PMU refuses CAP_PERFMON alone), and libraries turn up while the job runs. So before the
+    daemon gives up root, it forks this helper: a child that keeps root for one thing only, attaching
+    the already compiled probes to a library path the daemon names, and exits when the daemon closes
+    the socket or dies. The daemon itself then drops every privilege.
+
+    Requests are (pid, path as that process named it); the child resolves the path through
+    /proc/<pid>/root (or cwd), inspects each distinct file once, and answers with what it attached."""
+
+    def __init__(self, session: ProbeSession, close_in_child: Iterable[int] = ()) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            for fd in close_in_child:
+                os.close(fd)
+            _serve_attach_requests(session, theirs)
+        theirs.close()
+        self._socket = ours
+        self._socket.settimeout(ATTACH_REPLY_TIMEOUT_S)
+        self.pid = pid
+
+    def attach(self, pid: int | None, path: str) -> LibraryProbes | None:
+        """Probe the library `path` (as process `pid` sees it; None: as this process does), if it is
+        libzmq or libnccl and was not inspected before. Raises EbpfUnavailable when attaching failed."""
+        try:
+            self._socket.send(json.dumps({"pid": pid, "path": path}).encode())
+            reply = json.loads(self._socket.recv(1 << 16) or b"{}")
+        except (OSError, ValueError) as exc:
+            raise EbpfUnavailable(f"uprobe helper (pid {self.pid}) stopped answering: {exc}") from None
+        if "error" in reply:
+            raise EbpfUnavailable(reply["error"])
+        attached = reply.get("attached")
+        return None if attached is None else LibraryProbes(attached["path"], attached["library"],
+                                                           tuple(attached["functions"]))
+
+    def close(self) -> None:
+        self._socket.close()
+        os.waitpid(self.pid, 0)
+
+
+def _serve_attach_requests(session: ProbeSession, requests: socket.socket) -> None:
+    """The helper child's whole life; never returns."""
+    code = 0
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)     # the daemon decides when to stop: it closes the socket
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        inspected: set[tuple[int, int]] = set()
+        while request := requests.recv(1 << 16):
+            asked = json.loads(request)
+            pid, path = asked["pid"], asked["path"]
+            local = path if pid is None else str(procnet.path_seen_by(pid, path))
+            reply: dict = {"attached": None}
+            try:
+                status = os.stat(local)
+                key = (status.st_dev, status.st_ino)
+                if key not in inspected:
+                    inspected.add(key)
+                    attached = session.attach_library(local)
+                    if attached is not None:
+                        reply["attached"] = {"path": path, "library": attached.library,
+                                             "functions": list(attached.functions)}
+            except FileNotFoundError:
+                pass                                  # gone, or a name the process failed to open
+            except (OSError, EbpfUnavailable) as exc:
+                reply = {"error": f"{path}: {exc}"}
+            requests.send(json.dumps(reply).encode())
+    except BaseException:   # noqa: BLE001 - a child of the daemon must never return into its code
+        code = 1
+    finally:
+        os._exit(code)

@@ -250,10 +250,11 @@ def _ip(family: int, raw: bytes) -> str | None:
 def _parse_sock(payload) -> SockEvent:
     (kind, _, tgid, tid, netns, mono_ns, cgroup_id, comm, skaddr, family, sport, dport, oldstate, newstate,
      saddr, daddr, fd, _) = SOCK_EVENT.unpack(payload)
-    has_local = kind != Kind.SOCK_ACCEPT
-    return SockEvent(Kind(kind), mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, skaddr, family,
-                     _ip(family, saddr) if has_local else None, sport, _ip(family, daddr), dport, oldstate,
-                     newstate, fd)
+    # Addresses are only filled in by state changes (both ends) and accept() (the peer).
+    local_ip = _ip(family, saddr) if kind == Kind.SOCK_STATE else None
+    remote_ip = _ip(family, daddr) if kind in (Kind.SOCK_STATE, Kind.SOCK_ACCEPT) else None
+    return SockEvent(Kind(kind), mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, skaddr, family, local_ip, sport,
+                     remote_ip, dport, oldstate, newstate, fd)
 
 
 def _parse_lib(payload) -> LibOpen:
@@ -393,7 +394,7 @@ class ProbeFileDecoder:
         self.truncated_bytes = 0     # a record cut short at the end of the file
 
     def receive_data(self, data: bytes | memoryview) -> None:
-        if self._eof:
+        if self._eof and data:
             raise DecodeError("data after the end of the file")
         if not data:
             self._eof = True
@@ -551,6 +552,8 @@ def attribute_flows(events: Iterable[SockEvent]) -> list[Flow]:
         if event.newstate == TCP_CLOSE:
             flow.closed_mono_ns = event.mono_ns
             del open_flows[event.skaddr]
+    # A socket closed before it had both ports (a failed connect) was never a flow.
+    flows = [flow for flow in flows if flow.local_port]
     _attribute_accepts(flows, accepts)
     _attribute_to_listeners(flows)
     return flows

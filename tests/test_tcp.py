@@ -8,6 +8,7 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,7 @@ from scapy.packet import Raw
 
 from decoders.capture import open_capture
 from decoders.packet import LINKTYPE_RAW, SYN, Segment, ip_to_str, parse_packet
-from decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
+from decoders.tcp import REORDER_WINDOW_NS, StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
 from tests.conftest import PCAPS, require_tool
 from tests.test_capture import capture_tcp_transfer
 
@@ -219,9 +220,30 @@ def test_dropped_segment_is_a_gap_once_the_receiver_acknowledged_past_it():
     assert out[0].gaps == [] and reassembler.streams[0].buffered_bytes == 2500   # may still be reordering
     collect(reassembler.feed(segs[-2]), out)                  # the ack ends 1 byte short of the hole end: waiting
     assert out[0].gaps == []
-    collect(reassembler.feed(segs[-1]), out)                  # acknowledged past the hole: it is lost
+    collect(reassembler.feed(segs[-1]), out)                  # acknowledged past the hole...
+    assert out[0].gaps == []                                  # ...but a reordered segment may still come
+    late = parse_packet(LINKTYPE_RAW, flow.ack(5000), segs[-1].ts_ns + REORDER_WINDOW_NS)
+    collect(reassembler.feed(late), out)                      # the reorder window has passed: it is lost
     assert out[0].gaps == [(1000, 1500)] and bytes(out[0].data) == DATA[:1000] + DATA[2500:]
     assert reassembler.streams[0].missing_bytes == 1500 and reassembler.streams[0].buffered_bytes == 0
+
+
+def test_segment_captured_after_its_acknowledgement_still_fills_the_hole():
+    # `-i any` and merged captures can record an ACK before the data it acknowledges.
+    flow = Flow(client_isn=1000)
+    pieces = cut(DATA, [1000, 1500, 2500])
+    raws = flow.handshake() + [flow.data(*pieces[0]), flow.data(*pieces[2]), flow.ack(5000), flow.data(*pieces[1])]
+    out, reassembler = reassemble_with(raws)
+    assert out[0].gaps == [] and bytes(out[0].data) == DATA and reassembler.streams[0].missing_bytes == 0
+
+
+def reassemble_with(raws):
+    reassembler = TcpReassembler()
+    out: dict[int, StreamOutput] = {}
+    for seg in segments(raws):
+        collect(reassembler.feed(seg), out)
+    collect(reassembler.finish(), out)
+    return out, reassembler
 
 
 @pytest.mark.parametrize("dropped", [[0], [1], [2], [0, 2], [1, 2]])
@@ -457,27 +479,28 @@ def _captured_segments(path) -> list[Segment]:
 
 
 def _client_truth(segs: list[Segment], transfer) -> tuple[bytes, list[tuple[int, int]], int]:
-    """What the client's direction must reassemble to, from the segments by their sequence numbers: the
-    request's bytes wherever a segment carries them, gaps elsewhere; and all payload bytes on the wire.
-    (Not by segment order: under load the sender may probe a closed window with a byte sent again later.)"""
+    """What the client's direction must reassemble to, placing segments by their sequence numbers: a byte
+    is data if the first segment (in capture order) that carries it on the wire has it in its captured part,
+    a gap otherwise; returns (data, gaps, all payload bytes on the wire). Not by position in the capture:
+    under load the sender probes a closed window or retransmits, so segments overlap."""
     syn = next(s for s in segs if s.dport == transfer.port and s.flags & SYN)
-    covered, wire_bytes = [], 0
+    unseen, data, gap = 0, 1, 2
+    state = np.zeros(len(transfer.request), dtype=np.uint8)
+    wire_bytes = 0
     for seg in segs:
         if seg.dport == transfer.port and seg.wire_payload_len:
             offset = (seg.seq - syn.seq - 1) & MASK
-            assert bytes(seg.payload) == transfer.request[offset:offset + len(seg.payload)]
-            covered.append((offset, offset + len(seg.payload)))
+            captured_end, wire_end = offset + len(seg.payload), offset + seg.wire_payload_len
+            assert bytes(seg.payload) == transfer.request[offset:captured_end]
+            for a, b, kind in ((offset, captured_end, data), (captured_end, wire_end, gap)):
+                region = state[a:b]
+                region[region == unseen] = kind
             wire_bytes += seg.wire_payload_len
-    merged: list[list[int]] = []
-    for a, b in sorted(covered):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        elif b > a:
-            merged.append([a, b])
-    data = b"".join(transfer.request[a:b] for a, b in merged)
-    edges = [0, *(x for interval in merged for x in interval), len(transfer.request)]
-    gaps = [(a, b - a) for a, b in zip(edges[::2], edges[1::2]) if b > a]
-    return data, gaps, wire_bytes
+    is_data = state == data
+    expected = np.frombuffer(transfer.request, dtype=np.uint8)[is_data].tobytes()
+    edges = np.flatnonzero(np.diff(np.concatenate(([1], is_data.astype(np.int8), [1]))))
+    gaps = [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2])]
+    return expected, gaps, wire_bytes
 
 
 def _client_and_server(out: dict[int, StreamOutput], transfer) -> tuple[StreamOutput, StreamOutput]:
@@ -515,14 +538,19 @@ def test_real_capture_edited_to_lose_and_reorder_packets(transfer):
     segs = _captured_segments(transfer.captures["lo.pcap"].path)
     data_idx = [i for i, s in enumerate(segs) if s.dport == transfer.port and s.wire_payload_len]
     assert len(data_idx) > 10
+    isn = next(s.seq for s in segs if s.dport == transfer.port and s.flags & SYN)
+    ranges = {i: ((segs[i].seq - isn) & MASK, ((segs[i].seq - isn) & MASK) + segs[i].wire_payload_len)
+              for i in data_idx}
+    lost = next(i for i in data_idx[3:]                     # a segment whose bytes no other one carries
+                if not any(a < ranges[i][1] and ranges[i][0] < b for j, (a, b) in ranges.items() if j != i))
+    later = [i for i in data_idx if i > lost]
     edited = list(segs)
-    edited.insert(data_idx[6], edited.pop(data_idx[8]))   # captured two segments early
-    del edited[data_idx[3]]                                # and one never captured
+    edited.insert(later[2], edited.pop(later[4]))          # captured two segments early
+    del edited[lost]                                        # and one never captured
     out, _ = reassemble(edited)
     client, _ = _client_and_server(out, transfer)
     data, gaps, _ = _client_truth(edited, transfer)
-    assert len(gaps) == 1 and gaps[0][1] > 0
-    assert bytes(client.data) == data and client.gaps == gaps
+    assert gaps and bytes(client.data) == data and client.gaps == gaps
 
 
 def test_retransmissions_and_losses_agree_with_tshark_on_real_job_captures():

@@ -129,10 +129,12 @@ def test_zmtp10_long_identity_frame_is_not_a_signature():
 
 def test_zmtp3_peer_talking_down_to_an_unversioned_peer():
     # libzmq stops after its signature, which the 1.0 peer reads as a long identity frame (flags 0x7F).
-    stream = b"\xff" + (1).to_bytes(8, "big") + b"\x7f" + v1_message(b"one") + v1_message(b"two", b"three")
-    events, dec = decode_every_way(stream)
-    assert dec.version == "1.0" and dec.identity == b""
-    assert messages(without_timestamps(events)) == [msg(b"one"), msg(b"two", b"three")]
+    signature = b"\xff" + (1).to_bytes(8, "big") + b"\x7f"
+    for first in (b"", b"o", b"one", b"ONE"):      # byte 10 reads as revision 1, 2, 4, byte 12 as a mechanism
+        stream = signature + v1_message(first, b"x") + v1_message(b"two", b"three")
+        events, dec = decode_every_way(stream)
+        assert dec.version == "1.0" and dec.identity == b""
+        assert messages(without_timestamps(events)) == [msg(first, b"x"), msg(b"two", b"three")]
 
 
 def test_zmtp10_with_revision_byte():
@@ -335,12 +337,23 @@ def test_a_validator_that_raises_decode_error_rejects_the_candidate():
 
 
 def test_frames_larger_than_the_scan_window_are_believed_on_their_own_header():
-    stream = greeting_v3() + b"".join(message(b"M%d" % i + payload(5000)) for i in range(6))
-    events, dec = decode_every_way(stream[100:], midstream=True, max_buffer=1024)
+    stream = greeting_v3() + b"".join(message(b"M%d" % i + payload(10_000)) for i in range(6))
+    events, dec = decode_every_way(stream[100:], midstream=True, max_buffer=4096)
     found = messages(without_timestamps(events))
-    assert [m.frame_sizes for m in found] == [(5002,)] * 5 and found[0].complete is False
+    assert [m.frame_sizes for m in found] == [(10_002,)] * 5 and found[0].complete is False
     assert [bytes(m.frames[0][:2]) for m in found[1:]] == [b"M2", b"M3", b"M4", b"M5"]
-    assert dec.lost_bytes == 64 + 9 + 5002 - 100
+    assert dec.lost_bytes == 64 + 9 + 10_002 - 100
+
+
+def test_a_lone_short_frame_before_the_end_needs_a_validator():
+    stream = payload(50) + message(b"M1" + payload(100))
+    events, dec = decode_every_way(stream, midstream=True)
+    assert (messages(events), dec.lost_bytes) == ([], len(stream))
+    events, dec = decode_every_way(stream, midstream=True, frame_validator=lambda b: b[:1] == b"M")
+    assert [(m.frame_sizes, m.complete) for m in messages(events)] == [((102,), True)] and dec.lost_bytes == 50
+    # cut by the end, its body cannot be validated
+    _, dec = decode_every_way(stream[:-20], midstream=True, frame_validator=lambda b: b[:1] == b"M")
+    assert (dec.messages, dec.lost_bytes) == (0, len(stream) - 20)
 
 
 def test_malformed_commands_lose_sync_on_that_frame_only():
@@ -408,11 +421,22 @@ def test_fuzz_random_bytes(data, sizes, midstream, validator):
         decode_with_invariants([data], [], midstream=midstream, frame_validator=validator))
 
 
-def test_resync_over_zero_filled_and_random_payloads_stays_bounded():
-    for filler in (bytes(200_000), payload(200_000)):
-        events = decode_with_invariants([filler + message(b"M0") + message(b"M1") + message(b"M2")], [1460],
-                                midstream=True, frame_validator=lambda b: b[:1] == b"M")
-        assert [m.frames for m in messages(events)][-2:] == [(b"M1",), (b"M2",)]
+def test_resync_skips_zero_filled_sparse_and_random_payloads():
+    sparse = bytearray(200_000)
+    sparse[::997] = b"\x01" * len(sparse[::997])   # "01 00" is an empty frame with MORE, but "00 00" follows
+    for filler in (bytes(200_000), bytes(sparse), payload(200_000)):
+        for validator in (None, lambda body: body[:1] == b"M"):
+            events = decode_with_invariants([filler + message(b"M0") + message(b"M1") + message(b"M2")], [1460],
+                                            midstream=True, frame_validator=validator)
+            assert [ev.lost_bytes for ev in events if isinstance(ev, Resync)] == [len(filler)]
+            assert [m.frames for m in messages(events)] == [(b"M0",), (b"M1",), (b"M2",)]
+
+
+def test_resync_does_not_believe_long_sizes_libzmq_would_write_short():
+    # 02, then 5 as 8 bytes: its last two bytes, 00 05, are a believable short header of the same frame
+    stream = b"\x02" + (5).to_bytes(8, "big") + b"abcde" + message(b"M0") + message(b"M1")
+    events, dec = decode_every_way(stream, midstream=True)
+    assert dec.lost_bytes == 7 and [m.frames for m in messages(events)] == [(b"abcde",), (b"M0",), (b"M1",)]
 
 
 # -- cost -----------------------------------------------------------------------------------------------

@@ -184,13 +184,16 @@ def test_plain_mechanism_never_shows_the_password(ctx):
     client_options = [(zmq.PLAIN_USERNAME, b"alice"), (zmq.PLAIN_PASSWORD, password.encode())]
     authenticator = ThreadAuthenticator(ctx)          # libzmq's PLAIN server asks a ZAP handler
     authenticator.start()
-    authenticator.configure_plain(domain="*", passwords={"alice": password})
-    with authenticator, tapped(ctx, zmq.REP, zmq.REQ, server_options=server_options, client_options=client_options) as (
-            rep, req, tap):
-        req.send(b"job")
-        assert rep.recv() == b"job"
-        rep.send(b"done")
-        assert req.recv() == b"done"
+    try:
+        authenticator.configure_plain(domain="*", passwords={"alice": password})
+        with tapped(ctx, zmq.REP, zmq.REQ, server_options=server_options, client_options=client_options) as (
+                rep, req, tap):
+            req.send(b"job")
+            assert rep.recv() == b"job"
+            rep.send(b"done")
+            assert req.recv() == b"done"
+    finally:
+        authenticator.stop()
     conn = tap.only_connection()
     assert password.encode() in TappedConnection.joined(conn.client_to_server)    # it is on the wire
     up, up_dec = decoded(conn.client_to_server)
@@ -237,7 +240,8 @@ def test_curve_streams_are_encrypted_and_every_frame_is_a_message_command(ctx):
 
 
 def test_heartbeats_are_ping_and_pong_commands(ctx):
-    with tapped(ctx, zmq.PULL, zmq.PUSH, client_options=[(zmq.HEARTBEAT_IVL, 20)]) as (pull, push, tap):
+    with tapped(ctx, zmq.PULL, zmq.PUSH, client_options=[(zmq.HEARTBEAT_IVL, 20), (zmq.HEARTBEAT_TIMEOUT, 10_000)]) as (
+            pull, push, tap):
         push.send(b"first")
         assert pull.recv() == b"first"
         wait_for(lambda: TappedConnection.joined(tap.only_connection().server_to_client).count(b"PONG") >= 2)
@@ -323,13 +327,18 @@ def test_libzmq_speaks_zmtp10_to_an_unversioned_peer(ctx):
 def test_libzmq_sends_zmtp30_style_subscriptions_to_a_30_peer(ctx):
     rng = random.Random(8)
     published = [payloads(rng, [size]) for size in FRAME_SIZES]
-    hand_built = (greeting_v3(minor=0) + command(b"READY", metadata({b"Socket-Type": b"PUB"}))
-                  + b"".join(message(*frames) for frames in published))
-    with raw_peer(ctx, zmq.SUB, b"") as (sub, raw):
+    handshake = greeting_v3(minor=0) + command(b"READY", metadata({b"Socket-Type": b"PUB"}))
+    hand_built = handshake + b"".join(message(*frames) for frames in published)
+    with raw_peer(ctx, zmq.SUB, handshake) as (sub, raw):
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        raw.sendall(hand_built)
+        # like a real peer, send messages only once the other side's READY is in (libzmq insists)
+        raw.settimeout(RECV_TIMEOUT_MS / 1000)
+        stream = b""
+        while len(stream) < 64 + 2 or len(stream) < 64 + 2 + stream[65]:
+            stream += raw.recv(1 << 16)
+        raw.sendall(hand_built[len(handshake):])
         assert [sub.recv_multipart() for _ in published] == published   # the hand-built 3.0 stream is valid
-        stream = received_until_closed(sub, raw)
+        stream += received_until_closed(sub, raw)
     events, dec = decoded(random_chunks(stream, 8))
     assert dec.version == "3.1" and dec.socket_type == "SUB"
     # to a 3.0 peer, libzmq 4.3.5 sends the subscription as a message: 1, then the topic

@@ -1,0 +1,184 @@
+"""A capture daemon's directory (sniffer/daemon.py) at the decoders' edge: capture.json, the packet files
+in capture order, and the probe files turned into tables the decode pipeline can join.
+
+    found = load_capture_dir(Path("out/worker0"))
+    found.captures      # packet files, set by set, in rotation order: one continuous capture per set
+    found.flows         # TCP connection -> owning process (pid, comm, cgroup)
+    found.zmq_events    # one row per frame handed to / taken from libzmq
+
+Probe event times are converted from the kernel's monotonic clock to epoch ns (`ts_ns` columns) with
+the clock pairs the daemon wrote into each probe file, so they compare with packet timestamps.
+What cannot be read (a probe file cut by a crash, a record that does not decode, a file capture.json
+lists but the disk lacks) is decoded around and reported in `warnings`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from decoders.capture import CaptureError
+from decoders.errors import DecodeError
+from sniffer import events as ev
+
+CAPTURE_JSON = "capture.json"
+PCAP_RE = re.compile(r"capture-(\d{4})-(\d{5})\.pcap$")
+PROBES_RE = re.compile(r"probes-(\d{4})\.events$")
+READ_CHUNK_BYTES = 1 << 20
+
+FLOW_COLUMNS = ["set", "family", "local_ip", "local_port", "remote_ip", "remote_port", "pid", "tid", "comm",
+                "cgroup_id", "cgroup", "source", "active", "state", "first_ts_ns", "established_ts_ns",
+                "closed_ts_ns"]
+ZMQ_COLUMNS = ["set", "ts_ns", "return_ts_ns", "pid", "tid", "comm", "direction", "function", "socket", "msg",
+               "size_bytes", "flags", "more"]
+NCCL_COLUMNS = ["set", "ts_ns", "pid", "tid", "comm", "function", "count", "datatype", "dtype", "size_bytes", "op",
+                "peer", "comm_handle", "stream", "sendbuff", "recvbuff", "rank", "nranks"]
+PROCESS_COLUMNS = ["set", "pid", "comm", "cmdline", "cgroup", "netns", "first_ts_ns"]
+LIBRARY_COLUMNS = ["set", "ts_ns", "path", "library", "functions", "pid"]
+_NULLABLE_INT = ["pid", "tid", "cgroup_id", "established_ts_ns", "closed_ts_ns", "rank", "nranks", "netns"]
+
+
+@dataclass(frozen=True)
+class CaptureDir:
+    path: Path
+    info: dict                          # capture.json as the daemon last wrote it
+    sets: dict[int, list[Path]]         # packet files of each daemon run, in rotation order
+    flows: pd.DataFrame                 # FLOW_COLUMNS
+    zmq_events: pd.DataFrame            # ZMQ_COLUMNS
+    nccl_events: pd.DataFrame           # NCCL_COLUMNS
+    processes: pd.DataFrame             # PROCESS_COLUMNS
+    libraries: pd.DataFrame             # LIBRARY_COLUMNS
+    warnings: list[str]
+
+    @property
+    def captures(self) -> list[Path]:
+        return [path for run in sorted(self.sets) for path in self.sets[run]]
+
+
+def is_capture_dir(path: Path) -> bool:
+    return (Path(path) / CAPTURE_JSON).is_file()
+
+
+def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=columns)
+    for column in columns:
+        if column in _NULLABLE_INT:
+            frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def _read_probe_file(path: Path, warnings: list[str]) -> list:
+    decoder = ev.ProbeFileDecoder()
+    found = []
+    try:
+        with open(path, "rb") as stream:
+            while True:
+                chunk = stream.read(READ_CHUNK_BYTES)
+                decoder.receive_data(chunk)
+                while (item := decoder.next_event()) is not ev.NEED_DATA:
+                    if isinstance(item, ev.BadRecord):
+                        warnings.append(f"{path.name}: record at offset {item.offset} skipped: {item.reason}")
+                    else:
+                        found.append(item)
+                if not chunk:
+                    break
+    except DecodeError as exc:
+        warnings.append(f"{path.name}: read up to a corrupt part: {exc}")
+    if decoder.truncated_bytes:
+        warnings.append(f"{path.name}: last record cut after {decoder.truncated_bytes} bytes (daemon killed?)")
+    return found
+
+
+def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
+    clock = ev.EpochClock(event for event in items if isinstance(event, ev.ClockSync))
+    epoch = clock.epoch_ns
+    processes = {}
+    for item in items:
+        if isinstance(item, ev.ProcessInfo):
+            processes.setdefault(item.tgid, item)
+            rows["processes"].append({"set": run, "pid": item.tgid, "comm": item.comm, "cmdline": list(item.cmdline),
+                                      "cgroup": item.cgroup, "netns": item.netns, "first_ts_ns": epoch(item.mono_ns)})
+        elif isinstance(item, ev.ZmqCall):
+            rows["zmq"].append({
+                "set": run, "ts_ns": epoch(item.mono_ns), "return_ts_ns": epoch(item.return_mono_ns), "pid": item.tgid,
+                "tid": item.tid, "comm": item.comm, "direction": "send" if item.kind == ev.Kind.ZMQ_SEND else "recv",
+                "function": item.function, "socket": item.socket, "msg": item.msg, "size_bytes": item.size_bytes,
+                "flags": item.flags, "more": item.more})
+        elif isinstance(item, ev.LibraryAttached):
+            rows["libraries"].append({"set": run, "ts_ns": epoch(item.mono_ns), "path": item.path,
+                                      "library": item.library, "functions": list(item.functions), "pid": item.tgid})
+    communicators = {item.comm_handle: item for item in items if isinstance(item, ev.NcclCommInit)}
+    for item in items:
+        if isinstance(item, ev.NcclCall):
+            dtype, element_bytes = ev.NCCL_DATATYPES.get(item.datatype, (None, None))
+            communicator = communicators.get(item.comm_handle)
+            rows["nccl"].append({
+                "set": run, "ts_ns": epoch(item.mono_ns), "pid": item.tgid, "tid": item.tid, "comm": item.comm,
+                "function": item.function, "count": item.count, "datatype": item.datatype, "dtype": dtype,
+                "size_bytes": item.count * element_bytes if element_bytes else None,
+                "op": ev.NCCL_REDOPS.get(item.op), "peer": item.peer, "comm_handle": item.comm_handle,
+                "stream": item.stream, "sendbuff": item.sendbuff, "recvbuff": item.recvbuff,
+                "rank": communicator.rank if communicator else None,
+                "nranks": communicator.nranks if communicator else None})
+
+    def cgroup(pid: int | None) -> str | None:
+        return processes[pid].cgroup if pid in processes else None
+
+    for flow in ev.attribute_flows(item for item in items if isinstance(item, ev.SockEvent)):
+        rows["flows"].append({
+            "set": run, "family": flow.family, "local_ip": flow.local_ip, "local_port": flow.local_port,
+            "remote_ip": flow.remote_ip, "remote_port": flow.remote_port, "pid": flow.tgid, "tid": flow.tid,
+            "comm": flow.comm, "cgroup_id": flow.cgroup_id, "cgroup": cgroup(flow.tgid), "source": flow.source,
+            "active": flow.active, "state": ev.TCP_STATES.get(flow.state), "first_ts_ns": epoch(flow.first_mono_ns),
+            "established_ts_ns": None if flow.established_mono_ns is None else epoch(flow.established_mono_ns),
+            "closed_ts_ns": None if flow.closed_mono_ns is None else epoch(flow.closed_mono_ns)})
+    for item in items:
+        if isinstance(item, ev.SocketSnapshot):
+            rows["flows"].append({
+                "set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
+                "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
+                "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
+                "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
+                "established_ts_ns": None, "closed_ts_ns": None})
+
+
+def load_capture_dir(path: Path) -> CaptureDir:
+    """Read a daemon's directory. Raises CaptureError when it is not one."""
+    path = Path(path)
+    try:
+        info = json.loads((path / CAPTURE_JSON).read_text())
+    except FileNotFoundError:
+        raise CaptureError(f"{path}: no {CAPTURE_JSON}: not a dlcsniff capture directory") from None
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"{path / CAPTURE_JSON}: unreadable ({exc})") from None
+    warnings: list[str] = []
+    on_disk = {entry.name for entry in path.iterdir() if entry.is_file()}
+    listed = {item.get("name") for item in info.get("files", [])}
+    warnings += [f"{name}: listed in {CAPTURE_JSON} but missing" for name in sorted(listed - on_disk)]
+    for run in info.get("runs", []):
+        if (run.get("stop_reason") or "").startswith("killed"):
+            warnings.append(f"set {run['set']}: {run['stop_reason']}; its counts in {CAPTURE_JSON} may be short")
+    sets: dict[int, list[tuple[int, Path]]] = defaultdict(list)
+    probe_files: dict[int, Path] = {}
+    for name in on_disk:
+        if found := PCAP_RE.match(name):
+            sets[int(found.group(1))].append((int(found.group(2)), path / name))
+        elif found := PROBES_RE.match(name):
+            probe_files[int(found.group(1))] = path / name
+    rows: dict[str, list] = defaultdict(list)
+    for run, probe_path in sorted(probe_files.items()):
+        items = _read_probe_file(probe_path, warnings)
+        try:
+            _set_tables(run, items, rows)
+        except DecodeError as exc:
+            warnings.append(f"{probe_path.name}: events not usable: {exc}")
+    return CaptureDir(
+        path=path, info=info,
+        sets={run: [file for _, file in sorted(files)] for run, files in sorted(sets.items())},
+        flows=_frame(rows["flows"], FLOW_COLUMNS), zmq_events=_frame(rows["zmq"], ZMQ_COLUMNS),
+        nccl_events=_frame(rows["nccl"], NCCL_COLUMNS), processes=_frame(rows["processes"], PROCESS_COLUMNS),
+        libraries=_frame(rows["libraries"], LIBRARY_COLUMNS), warnings=warnings)
