@@ -42,6 +42,7 @@ pcaps: setup workloads
 
 run: setup
 	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run
+	$(VENV)/bin/dlcsniff stats out/run --out out/run/stats
 
 test: setup workloads
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests

@@ -145,8 +145,8 @@ def dlc_table(trace: Trace) -> pd.DataFrame:
         "node_id": records["node_id"].to_numpy(), "ID": records["record_id"].to_numpy(),
         "src": np.where(records["is_send"], records["dlc_rank"], records["peer_dlc_rank"]),
         "dst": np.where(records["is_send"], records["peer_dlc_rank"], records["dlc_rank"]),
-        "length": records["length"].to_numpy(), "Dep_PP": num_pp, "Operation": records["operation"].astype(str).to_numpy(),
-        "OP_ID": op_id, "dep_Type": dep_type, "dTime": d_time_us, "time_sec": ts // 1_000_000_000,
+        "length": records["length"].to_numpy(), "Dep_PP": num_pp,
+        "Operation": records["operation"].astype(str).to_numpy(), "OP_ID": op_id, "dep_Type": dep_type, "dTime": d_time_us, "time_sec": ts // 1_000_000_000,
         "time_usec": ts % 1_000_000_000 // 1000, "IDdep": id_dep,
     })
     return table.sort_values(["node_id", "ID"], ignore_index=True)

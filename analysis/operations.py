@@ -84,12 +84,17 @@ class Trace:
 
 def node_role_rank(node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ps-lite id → (role code, rank within the role); ids that name no single node get ROLE_UNKNOWN."""
-    ids = np.asarray(node_ids, dtype=np.int64)
-    server = (ids >= 8) & (ids % 2 == 0)
-    worker = (ids >= 9) & (ids % 2 == 1)
-    role = np.select([ids == SCHEDULER_ID, server, worker], [ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER],
-                     ROLE_UNKNOWN).astype(np.int8)
-    rank = np.select([server, worker], [(ids - 8) // 2, (ids - 9) // 2], 0).astype(np.int32)
+    ids = np.asarray(node_ids)
+    if ids.dtype.kind != "i":
+        ids = ids.astype(np.int64)
+    high = ids >= 8
+    odd = (ids & 1).astype(bool)
+    role = np.full(len(ids), ROLE_UNKNOWN, dtype=np.int8)
+    role[ids == SCHEDULER_ID] = ROLE_SCHEDULER
+    role[high & ~odd] = ROLE_SERVER
+    role[high & odd] = ROLE_WORKER
+    # server r = 8 + 2r, worker r = 9 + 2r: both (id - 8) // 2
+    rank = np.where(high, (ids - 8) >> 1, 0).astype(np.int32)
     return role, rank
 
 
@@ -122,8 +127,8 @@ def vantage_points(messages: pd.DataFrame) -> pd.DataFrame:
     """(node_id, capture, own): the captures each node's records come from.
 
     A capture is node X's own when X is the sender or receiver of every ps-lite message in it and no other
-    node is; a node with an own capture is seen only through it, a node without through every capture it is
-    party to (its peers')."""
+    node is (a message whose sender the decoder could not name counts against every node); a node with an
+    own capture is seen only through it, a node without through every capture it is party to (its peers')."""
     capture = messages["capture"].astype("category")
     sender = messages["sender_id"].astype("Int64")
     # a message a node sent itself counts once

@@ -136,14 +136,24 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
             "active": flow.active, "state": ev.TCP_STATES.get(flow.state), "first_ts_ns": epoch(flow.first_mono_ns),
             "established_ts_ns": None if flow.established_mono_ns is None else epoch(flow.established_mono_ns),
             "closed_ts_ns": None if flow.closed_mono_ns is None else epoch(flow.closed_mono_ns)})
+    # Connections already open at start: the /proc row, completed by what the probes saw of their end
+    # (a probe row that never saw the connection established is the same connection, not another one).
+    seen_later = {(row["local_ip"], row["local_port"], row["remote_ip"], row["remote_port"]): row
+                  for row in rows["flows"] if row["set"] == run and row["established_ts_ns"] is None}
     for item in items:
         if isinstance(item, ev.SocketSnapshot):
-            rows["flows"].append({
-                "set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
-                "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
-                "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
-                "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
-                "established_ts_ns": None, "closed_ts_ns": None})
+            row = {"set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
+                   "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
+                   "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
+                   "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
+                   "established_ts_ns": None, "closed_ts_ns": None}
+            later = seen_later.pop((item.local_ip, item.local_port, item.remote_ip, item.remote_port), None)
+            if later is not None:
+                rows["flows"].remove(later)
+                row.update(state=later["state"], closed_ts_ns=later["closed_ts_ns"])
+                if row["pid"] is None:
+                    row.update({key: later[key] for key in ("pid", "tid", "comm", "cgroup_id", "cgroup", "source")})
+            rows["flows"].append(row)
 
 
 def load_capture_dir(path: Path) -> CaptureDir:

@@ -58,8 +58,7 @@ _FRAME_LONG = struct.Struct(">BQ")      # 2.0/3.x: flags, size (FLAG_LONG)
 _V1_FRAME_SHORT = struct.Struct(">BB")  # 1.0: length (flags byte + body), flags
 _V1_FRAME_LONG = struct.Struct(">xQB")  # 1.0: 0xFF, length, flags
 _PROPERTY_VALUE_SIZE = struct.Struct(">I")
-_V1_HEADER_MAX = _V1_FRAME_LONG.size
-_HEADER_MAX = max(_FRAME_LONG.size, _V1_HEADER_MAX)
+_HEADER_MAX = max(_FRAME_LONG.size, _V1_FRAME_LONG.size)
 
 # ZMTP 1.0/2.0 greetings carry the socket type as a number (libzmq's ZMQ_PAIR ... ZMQ_STREAM).
 _SOCKET_TYPES = ("PAIR", "PUB", "SUB", "REQ", "REP", "DEALER", "ROUTER", "PULL", "PUSH", "XPUB", "XSUB",
@@ -94,8 +93,9 @@ def keep_small_bodies(frame_index: int, size_bytes: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Greeting:
-    """The peer's greeting. ZMTP < 3.0 has no mechanisms: mechanism "NULL", as_server False.
-    socket_type is in the greeting only for 1.0-with-revision/2.0; for 3.x it comes with READY."""
+    """The peer's greeting. ZMTP < 3.0 has no mechanisms: mechanism "NULL", as_server False (libzmq
+    4.3.5 also leaves the 3.x as-server byte 0 on servers). socket_type is in the greeting only for
+    1.0-with-revision/2.0; for 3.x it comes with READY (decoder state)."""
     version: str
     mechanism: str
     as_server: bool
@@ -142,6 +142,9 @@ class DecodeFailed:
     """The stream stopped making sense at `offset`; later bytes are only counted (lost_bytes)."""
     offset: int
     reason: str
+
+
+ZmtpEvent = Greeting | Command | Message | Resync | DecodeFailed
 
 
 # -- input buffer ---------------------------------------------------------------------------------
@@ -379,7 +382,7 @@ class ZmtpDecoder:
             return
         self._queue.push_gap(size, ts_ns)
 
-    def next_event(self):
+    def next_event(self) -> ZmtpEvent | _Sentinel:
         """The next event, or NEED_DATA. Never raises on bad input."""
         events = self._events
         while not events:
@@ -437,7 +440,7 @@ class ZmtpDecoder:
             self.as_server = False
             self._expect_identity = True
             if greeting_size:
-                socket_type = head[11]
+                _, _, _, socket_type = _GREETING_V2.unpack_from(head)
                 self.socket_type = (_SOCKET_TYPES[socket_type] if socket_type < len(_SOCKET_TYPES)
                                     else str(socket_type))
         self._events.append(Greeting(self.version, self.mechanism, self.as_server, self.socket_type, ts_ns))

@@ -1,0 +1,173 @@
+"""One rank of a real torch.distributed job on the Gloo backend (run by the workload venv, not the tool's).
+
+    gloo_job.py --rank R --world-size K --master-addr IP --master-port P --record PATH
+
+Rank 0 hosts the TCPStore the ranks rendezvous through (init_method tcp://IP:P). The ranks then run the
+same list of operations (OPERATIONS, in order): all_reduce small / medium / > 10 MB, all_to_all (the
+single-tensor and the list form), broadcast, all_gather (list and single-tensor), reduce_scatter, reduce,
+gather, scatter, barrier, and send/recv pairs between neighbours. Tensors are filled with one value per
+rank, so the bundled captures gzip well.
+
+Each rank writes its own record (JSON) of every operation, with wall-clock ns taken just before the call
+and just after it returned (every call is synchronous):
+- kind: the collective's name as in the decode contract (all_reduce, all_to_all, broadcast, ...);
+- order: index of the operation in this rank's program; collective_index: index among the collective
+  operations only (send/recv excluded: PyTorch's Gloo backend numbers its collectives, not its p2p ops);
+- tensor_bytes: the operation's size as nccl-tests count it (all_reduce, broadcast, reduce: the tensor;
+  all_gather, gather: the whole output; reduce_scatter, scatter: the whole input; all_to_all: one rank's
+  input; send/recv: the message); input_bytes / output_bytes: what this rank handed in and got back;
+- root / peer / tag where the operation has one; pg_sequence: torch's own per-group counter after the call.
+The recorder (sniffer/record.py) reads `finished` to know when a straggler may be killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+FLOAT32_BYTES = 4
+TIMEOUT = timedelta(seconds=60)
+P2P_TAG = 7
+# (kind, label, elements per rank, root): sizes in float32 elements. Large enough to span many segments
+# where it matters (gloo's ring all-reduce cuts > 1 MiB tensors into 1 MiB segments), small enough that
+# every node's capture stays a few MB once gzipped.
+OPERATIONS = (
+    ("all_reduce", "small", 256, None),
+    ("all_reduce", "odd", 1001, None),                  # segments of unequal length
+    ("all_reduce", "medium", 262_144, None),            # 1 MiB
+    ("all_reduce", "large", 2_752_512, None),           # 10.5 MiB (11,010,048 bytes)
+    ("all_to_all", "single", 262_144, None),            # all_to_all_single, 1 MiB per rank
+    ("all_to_all", "list", 16_384, None),               # all_to_all with lists: 4 x 16 Ki floats
+    ("broadcast", "root1", 131_072, 1),                 # 512 KiB from rank 1
+    ("all_gather", "list", 32_768, None),               # 128 KiB per rank
+    ("all_gather", "single", 8_192, None),              # all_gather_into_tensor
+    ("reduce_scatter", "list", 16_384, None),           # reduce_scatter: k inputs of 16 Ki floats
+    ("reduce_scatter", "single", 16_384, None),         # reduce_scatter_tensor
+    ("reduce", "root2", 65_536, 2),
+    ("gather", "root0", 16_384, 0),
+    ("scatter", "root3", 16_384, 3),
+    ("barrier", "", 0, None),
+    ("send_recv", "ring", 75_000, None),                # rank r sends to r+1, receives from r-1
+    ("all_reduce", "medium", 262_144, None),
+    ("barrier", "", 0, None),
+)
+
+
+def write_record(path: Path, record: dict) -> None:
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(json.dumps(record, indent=1))
+    partial.replace(path)
+
+
+def filled(elements: int, value: float) -> torch.Tensor:
+    return torch.full((elements,), value, dtype=torch.float32)
+
+
+def run_collective(kind: str, label: str, elements: int, root: int | None, rank: int, world: int) -> dict:
+    """Run one collective; return what it handed over (bytes) besides the timing."""
+    size = elements * FLOAT32_BYTES
+    value = float(rank + 1)
+    if kind == "all_reduce":
+        dist.all_reduce(filled(elements, value))
+        return {"tensor_bytes": size, "input_bytes": size, "output_bytes": size}
+    if kind == "all_to_all":
+        if label == "single":
+            dist.all_to_all_single(torch.empty(elements), filled(elements, value))
+            return {"tensor_bytes": size, "input_bytes": size, "output_bytes": size}
+        dist.all_to_all([torch.empty(elements) for _ in range(world)],
+                        [filled(elements, value) for _ in range(world)])
+        return {"tensor_bytes": size * world, "input_bytes": size * world, "output_bytes": size * world}
+    if kind == "broadcast":
+        dist.broadcast(filled(elements, value), src=root)
+        return {"tensor_bytes": size, "input_bytes": size, "output_bytes": size, "root": root}
+    if kind == "all_gather":
+        if label == "single":
+            dist.all_gather_into_tensor(torch.empty(elements * world), filled(elements, value))
+        else:
+            dist.all_gather([torch.empty(elements) for _ in range(world)], filled(elements, value))
+        return {"tensor_bytes": size * world, "input_bytes": size, "output_bytes": size * world}
+    if kind == "reduce_scatter":
+        if label == "single":
+            dist.reduce_scatter_tensor(torch.empty(elements), filled(elements * world, value))
+        else:
+            dist.reduce_scatter(torch.empty(elements), [filled(elements, value) for _ in range(world)])
+        return {"tensor_bytes": size * world, "input_bytes": size * world, "output_bytes": size}
+    if kind == "reduce":
+        dist.reduce(filled(elements, value), dst=root)
+        return {"tensor_bytes": size, "input_bytes": size, "output_bytes": size if rank == root else 0,
+                "root": root}
+    if kind == "gather":
+        outputs = [torch.empty(elements) for _ in range(world)] if rank == root else None
+        dist.gather(filled(elements, value), outputs, dst=root)
+        return {"tensor_bytes": size * world, "input_bytes": size,
+                "output_bytes": size * world if rank == root else 0, "root": root}
+    if kind == "scatter":
+        inputs = [filled(elements, value) for _ in range(world)] if rank == root else None
+        dist.scatter(torch.empty(elements), inputs, src=root)
+        return {"tensor_bytes": size * world, "input_bytes": size * world if rank == root else 0,
+                "output_bytes": size, "root": root}
+    if kind == "barrier":
+        dist.barrier()
+        return {"tensor_bytes": 0, "input_bytes": 0, "output_bytes": 0}
+    raise ValueError(f"unknown collective {kind}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--master-addr", required=True)
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("--record", type=Path, required=True)
+    args = parser.parse_args()
+    rank, world = args.rank, args.world_size
+    record = {"rank": rank, "world_size": world, "pid": os.getpid(), "start_ns": time.time_ns(),
+              "versions": {"torch": torch.__version__, "python": platform.python_version()},
+              "master": f"{args.master_addr}:{args.master_port}", "operations": [], "finished": False}
+    write_record(args.record, record)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                            rank=rank, world_size=world, timeout=TIMEOUT)
+    record["init_done_ns"] = time.time_ns()
+    operations = record["operations"]
+    collective_index = 0
+    for order, (kind, label, elements, root) in enumerate(OPERATIONS):
+        start_ns = time.time_ns()
+        if kind == "send_recv":
+            size = elements * FLOAT32_BYTES
+            to_rank, from_rank = (rank + 1) % world, (rank - 1) % world
+            # Even ranks send first, odd ranks receive first: no rank waits on a peer that is also sending.
+            steps = (("send", to_rank), ("recv", from_rank))
+            for direction, peer in (steps if rank % 2 == 0 else steps[::-1]):
+                start_ns = time.time_ns()
+                if direction == "send":
+                    dist.send(filled(elements, float(rank + 1)), dst=peer, tag=P2P_TAG)
+                else:
+                    dist.recv(torch.empty(elements), src=peer, tag=P2P_TAG)
+                operations.append({"kind": direction, "label": label, "order": order, "collective_index": None,
+                                   "peer": peer, "tag": P2P_TAG, "tensor_bytes": size,
+                                   "input_bytes": size if direction == "send" else 0,
+                                   "output_bytes": size if direction == "recv" else 0,
+                                   "start_ns": start_ns, "end_ns": time.time_ns(),
+                                   "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
+            continue
+        sizes = run_collective(kind, label, elements, root, rank, world)
+        operations.append({"kind": kind, "label": label, "order": order, "collective_index": collective_index,
+                           **sizes, "start_ns": start_ns, "end_ns": time.time_ns(),
+                           "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
+        collective_index += 1
+    dist.destroy_process_group()
+    record["end_ns"] = time.time_ns()
+    record["finished"] = True
+    write_record(args.record, record)
+
+
+if __name__ == "__main__":
+    main()

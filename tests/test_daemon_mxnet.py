@@ -1,0 +1,210 @@
+"""A real MXNet 1.9.1 parameter-server job (scheduler, 2 servers, 2 workers), each node in its own network
+namespace with its own `dlcsniff capture --iface any` daemon (a node's messages to itself travel on lo),
+as on a cluster. Ground truth: the pids of the job's
+processes, and ps-lite's own log of every message it sent and received (PS_VERBOSE=2).
+
+- every ps-lite TCP connection a daemon saw is owned by its node's process, and both ends agree;
+- the libzmq probe events, grouped into messages, are the messages ps-lite logged;
+- the packets decode into every logged message (the existing pipeline, on the daemons' pcap files).
+
+`run_mxnet_job` is shared with the benchmark (tests/bench_capture.py).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from decoders.pipeline import decode_paths
+from decoders.probes import load_capture_dir
+from sniffer.netns import Cluster
+from sniffer.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR, _pslite_node_id
+from tests.conftest import require_root, require_workloads
+from tests.groundtruth import load_job
+from tests.test_daemon import RunningDaemon
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+NODES = ("scheduler", "server0", "server1", "worker0", "worker1")
+ROLE_PORTS = {"scheduler": SCHEDULER_PORT, "server": SERVER_PORT, "worker": WORKER_PORT}
+PSLITE_PORTS = set(ROLE_PORTS.values())
+JOB_TIMEOUT_S = 180.0
+STRAGGLER_GRACE_S = 10.0       # MXNet can hang in its exit path once the workers are done
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    role: str
+    ip: str
+    process: subprocess.Popen
+    log: Path
+    record: Path
+    killed: bool = False
+
+
+@dataclass
+class JobRun:
+    directory: Path
+    nodes: dict[str, NodeProcess]
+    daemons: dict[str, RunningDaemon] = field(default_factory=dict)
+
+    def training_seconds(self) -> float:
+        """Wall time of the workers' training loops (first batch start to last batch end, slowest worker)."""
+        spans = []
+        for node in self.nodes.values():
+            if node.role == "worker":
+                batches = json.loads(node.record.read_text())["batches"]
+                spans.append((batches[-1]["end_ns"] - batches[0]["start_ns"]) / 1e9)
+        return max(spans)
+
+
+def run_mxnet_job(out_dir: Path, workload_python: Path, *, with_daemons: bool, batches: int = 10,
+                  model: str = "mlp", daemon_args: tuple[str, ...] = ()) -> JobRun:
+    """Run the job in fresh namespaces, with a capture daemon per node when asked; stop the daemons after."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with Cluster(f"mxd{os.getpid() % 100000}", list(NODES)) as cluster:
+        run = JobRun(out_dir, {})
+        try:
+            if with_daemons:
+                for name in NODES:
+                    run.daemons[name] = RunningDaemon(
+                        ["--iface", "any", "--out", str(out_dir / name), *daemon_args],
+                        netns=cluster.host(name).netns)
+                for daemon in run.daemons.values():
+                    daemon.wait_ready()
+            job_env = {**BASE_ENV, "DMLC_PS_ROOT_URI": cluster.host("scheduler").ip,
+                       "DMLC_PS_ROOT_PORT": str(SCHEDULER_PORT), "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "2",
+                       "DMLC_INTERFACE": "eth0", "PS_VERBOSE": "2"}
+            for name in NODES:
+                role = name.rstrip("0123456789")
+                env = {**job_env, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.host(name).ip}
+                if role != "scheduler":
+                    env["PORT"] = str(ROLE_PORTS[role])
+                log, record = out_dir / f"{name}.log", out_dir / f"{name}.json"
+                argv = [str(workload_python), str(WORKLOADS_DIR / "mxnet_job.py"), "--record", str(record),
+                        "--model", model, "--kvstore", "dist_sync", "--batches", str(batches)]
+                with open(log, "wb") as log_file:
+                    process = cluster.popen(name, argv, env=env, stdout=log_file, stderr=log_file)
+                run.nodes[name] = NodeProcess(name, role, cluster.host(name).ip, process, log, record)
+            _wait_for_job(run)
+            for daemon in run.daemons.values():
+                daemon.process.send_signal(15)
+            for name, daemon in run.daemons.items():
+                assert daemon.wait(10) == 0, f"{name} daemon:\n{daemon.stderr}"
+        finally:
+            for daemon in run.daemons.values():
+                daemon.kill()
+    failed = {name: node.process.returncode for name, node in run.nodes.items()
+              if node.process.returncode != 0 and not node.killed}
+    assert not failed, f"nodes failed: {failed}\n" + "\n".join(
+        f"--- {name}:\n{run.nodes[name].log.read_text()[-2000:]}" for name in failed)
+    return run
+
+
+def _wait_for_job(run: JobRun) -> None:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    workers_done_at = None
+    while any(node.process.poll() is None for node in run.nodes.values()):
+        now = time.monotonic()
+        if workers_done_at is None and all(node.process.poll() is not None for node in run.nodes.values()
+                                           if node.role == "worker"):
+            workers_done_at = now
+        if now > deadline or (workers_done_at is not None and now - workers_done_at > STRAGGLER_GRACE_S):
+            for node in run.nodes.values():
+                if node.process.poll() is None:
+                    node.process.kill()
+                    node.killed = True
+                    node.process.wait()
+            if now > deadline:
+                pytest.fail(f"the MXNet job did not finish within {JOB_TIMEOUT_S} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def job_run(tmp_path_factory) -> JobRun:
+    require_root()
+    return run_mxnet_job(tmp_path_factory.mktemp("mxnet_daemons"), require_workloads(), with_daemons=True)
+
+
+def test_every_pslite_flow_is_owned_by_its_node_process(job_run):
+    pid_of = {name: node.process.pid for name, node in job_run.nodes.items()}
+    node_of_ip = {node.ip: name for name, node in job_run.nodes.items()}
+    ends = {}
+    for name in NODES:
+        flows = load_capture_dir(job_run.directory / name).flows
+        pslite = flows[(flows["local_port"].isin(PSLITE_PORTS) | flows["remote_port"].isin(PSLITE_PORTS))
+                       & flows["remote_ip"].isin(node_of_ip)]
+        assert len(pslite) >= len(NODES) - 1, f"{name}: {len(pslite)} ps-lite connections"
+        assert set(pslite["pid"]) == {pid_of[name]}, pslite[["local_port", "remote_ip", "remote_port", "pid",
+                                                               "source"]]
+        assert set(pslite["comm"]) == {"python"} and set(pslite["local_ip"]) == {job_run.nodes[name].ip}
+        for row in pslite[pslite["established_ts_ns"].notna()].itertuples():
+            ends[(row.local_ip, row.local_port, row.remote_ip, row.remote_port)] = name
+    # the daemon at the other end saw the same connection, owned by the other node's process (connect()
+    # attempts refused before the peer listened were never established and have no other end)
+    for (local_ip, local_port, remote_ip, remote_port), name in ends.items():
+        assert ends.get((remote_ip, remote_port, local_ip, local_port)) == node_of_ip[remote_ip]
+
+
+def _logged_data_sizes(log: Path, direction: str) -> collections.Counter:
+    from tests.groundtruth import parse_pslite_log
+
+    frame = parse_pslite_log(log)
+    return collections.Counter(tuple(int(size) for size in sizes)
+                               for sizes in frame.loc[frame["direction"] == direction, "data_sizes"])
+
+
+def _probed_messages(zmq_events, direction: str) -> list[list[int]]:
+    """Frames grouped into messages: per thread and socket, a message ends at the frame without `more`."""
+    messages, open_messages = [], {}
+    for row in zmq_events[zmq_events["direction"] == direction].sort_values("ts_ns").itertuples():
+        frames = open_messages.setdefault((row.tid, row.socket), [])
+        frames.append(int(row.size_bytes))
+        if not row.more:
+            messages.append(open_messages.pop((row.tid, row.socket)))
+    assert not open_messages, f"messages never finished: {open_messages}"
+    return messages
+
+
+def test_libzmq_events_are_the_messages_pslite_logged(job_run):
+    for name, node in job_run.nodes.items():
+        loaded = load_capture_dir(job_run.directory / name)
+        assert list(loaded.libraries["library"]) == ["libzmq"]
+        assert loaded.libraries["path"].iloc[0].endswith("mxnet/libmxnet.so")
+        events = loaded.zmq_events[loaded.zmq_events["pid"] == node.process.pid]
+        assert len(events) == len(loaded.zmq_events)      # nothing from other namespaces
+        # ps-lite sends [meta, data...] on a DEALER socket. Van::Stop sends TERMINATE (no data) to itself
+        # without logging it: one send more than the log holds.
+        sent = collections.Counter(tuple(frames[1:]) for frames in _probed_messages(events, "send"))
+        assert sent == _logged_data_sizes(node.log, "send") + collections.Counter({(): 1}), name
+        # The ROUTER socket delivers [sender identity, meta, data...].
+        received = collections.Counter(tuple(frames[2:]) for frames in _probed_messages(events, "recv"))
+        assert received == _logged_data_sizes(node.log, "recv"), name
+        # api time first, then the return: a send never waits for the wire
+        assert (events["ts_ns"] <= events["return_ts_ns"]).all()
+
+
+def test_the_daemon_packets_decode_into_every_logged_message(job_run, tmp_path):
+    from tests.test_decode_real import _decoded, _logged
+
+    nodes = []
+    for name, node in job_run.nodes.items():
+        captures = load_capture_dir(job_run.directory / name).captures
+        assert len(captures) == 1
+        (tmp_path / f"{name}.pcap").symlink_to(captures[0])
+        (tmp_path / f"{name}.log").symlink_to(node.log)
+        nodes.append({"name": name, "role": node.role, "ip": node.ip, "pid": node.process.pid,
+                      "pslite_id": _pslite_node_id(node.log), "log": f"{name}.log", "capture": f"{name}.pcap"})
+    (tmp_path / "job.json").write_text(json.dumps({"job": "daemons", "nodes": nodes}))
+    job = load_job(tmp_path)
+    messages = decode_paths(sorted(tmp_path.glob("*.pcap"))).tables["messages"].to_pandas()
+    for node in nodes:
+        logged, decoded = _logged(job, node["name"]), _decoded(messages, job, node["name"])
+        assert sum(logged.values()) > 0 and logged == decoded, node["name"]
