@@ -256,7 +256,8 @@ class _CaptureDecoder:
             info = self.tcp.streams[sid]
             src, sport, dst, dport = st.key
             z = st.zmtp
-            is_zmtp = z is not None and z.version is not None
+            # A stream caught mid-connection has no greeting (version None) but may well be ZMTP.
+            is_zmtp = z is not None and (z.version is not None or z.messages > 0 or z.commands > 0)
             cols["flow_id"].append(st.flow_id)
             cols["src_ip"].append(ip_to_str(src))
             cols["src_port"].append(sport)

@@ -3,12 +3,14 @@
     python -m sniffer.record all --out pcaps --workload-python .venv-workloads/bin/python
     python -m sniffer.record mxnet --job big --model wide_mlp --batches 20 --bigarray-bound 65536 --out DIR ...
     python -m sniffer.record zmq --out DIR --workload-python ...
+    python -m sniffer.record gloo --out DIR --workload-python ... [--world-size 4]
 
 Each job lands in DIR/<job>/ (written beside it first, then renamed into place):
 - <node>.pcap.gz  tcpdump -i any (eth0 and lo) of the node (its own network namespace, MTU 1500, offloads off), gzip -9
 - <node>.log      the node's stderr (MXNet: ps-lite's PS_VERBOSE=2 message log)
 - <node>.json     MXNet: the node's own record of what it did (see sniffer/workloads/mxnet_job.py)
 - zmq_record.json zmq: every message the workload sent (see sniffer/workloads/zmq_job.py)
+- rank<r>.json    gloo: the rank's own record of every operation (see sniffer/workloads/gloo_job.py)
 - job.json        the job: nodes (name, role, rank, ps-lite id, ip, netns, pid, port), settings, env,
                   times, tool versions, capture counts, exit codes.
 Needs root (network namespaces, tcpdump).
@@ -37,6 +39,8 @@ SCHEDULER_PORT = 9091
 SERVER_PORT = 9100
 WORKER_PORT = 9200
 ZMQ_BASE_PORT = 5555
+GLOO_MASTER_PORT = 29500
+GLOO_WORLD_SIZE = 4
 JOB_TIMEOUT_S = 60.0
 # How long a node may linger after its own record says it finished (MXNet can hang in its exit path).
 STRAGGLER_GRACE_S = 10.0
@@ -77,7 +81,8 @@ MXNET_JOBS = {
     )
 }
 ZMQ_JOB = "zmq"
-ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB)
+GLOO_JOB = "gloo"
+ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB, GLOO_JOB)
 
 
 @dataclass(slots=True)
@@ -338,6 +343,60 @@ def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JO
     return _publish_job_dir(job_dir, out_dir, ZMQ_JOB, job_record)
 
 
+def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GLOO_WORLD_SIZE,
+                    timeout_s: float = JOB_TIMEOUT_S) -> Path:
+    """Run the torch.distributed Gloo workload, one rank per namespace (rank 0 hosts the TCPStore);
+    return its directory."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, GLOO_JOB)
+    node_names = [f"rank{rank}" for rank in range(world_size)]
+    started_ns = time.time_ns()
+    with Cluster(f"{GLOO_JOB}-{os.getpid()}", node_names) as cluster:
+        master_ip = cluster.host("rank0").ip
+        # Gloo binds its listening socket to this interface's address (its default, the address the host
+        # name resolves to, is not inside the namespace).
+        job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
+        nodes: list[NodeRun] = []
+        try:
+            for rank, name in enumerate(node_names):
+                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
+                record_path = job_dir / f"{name}.json"
+                argv = [workload_python, str(WORKLOADS_DIR / "gloo_job.py"), "--rank", str(rank),
+                        "--world-size", str(world_size), "--master-addr", master_ip,
+                        "--master-port", str(GLOO_MASTER_PORT), "--record", str(record_path)]
+                with open(job_dir / f"{name}.log", "wb") as log:
+                    process = cluster.popen(name, argv, env={**BASE_ENV, **job_env}, stdout=log, stderr=log)
+                nodes.append(NodeRun(name, "rank", process, capture, record_path,
+                                     GLOO_MASTER_PORT if rank == 0 else None))
+            _wait_for_nodes(nodes, timeout_s)
+            capture_stats = _finish_captures(nodes)
+        except RecordError as exc:
+            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
+        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+    ended_ns = time.time_ns()
+    records = {node.name: _read_record(node.record_path) for node in nodes}
+    for rank, entry in enumerate(node_entries):
+        entry["rank"] = rank
+        entry["record"] = f"{entry['name']}.json"
+    job_record = {
+        "job": GLOO_JOB,
+        "framework": "pytorch",
+        "transport": "gloo/tcp",
+        "mode": "collectives",
+        "world_size": world_size,
+        "master_addr": master_ip,
+        "master_port": GLOO_MASTER_PORT,
+        "env": job_env,
+        "subnet": str(cluster.subnet),
+        "mtu": cluster.mtu,
+        "start_ns": started_ns,
+        "end_ns": ended_ns,
+        "versions": {**_tool_versions(workload_python), **records["rank0"]["versions"]},
+        "nodes": node_entries,
+    }
+    return _publish_job_dir(job_dir, out_dir, GLOO_JOB, job_record)
+
+
 def merge_zmq_records(server: dict, client: dict) -> dict:
     """One record for the job: both sides' messages in time order, each marked `on_wire`.
 
@@ -368,13 +427,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sniffer.record", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for command, help_text in (("all", "record every bundled job"), ("mxnet", "record one MXNet job"),
-                               ("zmq", "record the pyzmq job")):
+                               ("zmq", "record the pyzmq job"), ("gloo", "record the PyTorch Gloo job")):
         sub = commands.add_parser(command, help=help_text)
         sub.add_argument("--out", type=Path, required=True, help="directory receiving one folder per job")
         sub.add_argument("--workload-python", required=True, help="python of the venv holding mxnet/pyzmq")
         sub.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S, help="seconds a job may take")
         if command == "all":
             sub.add_argument("--jobs", nargs="+", choices=ALL_JOBS, default=list(ALL_JOBS))
+        if command == "gloo":
+            sub.add_argument("--world-size", type=int, default=GLOO_WORLD_SIZE, help="ranks, one per namespace")
         if command == "mxnet":
             sub.add_argument("--job", required=True, help="job (and folder) name")
             sub.add_argument("--kvstore", default="dist_sync", choices=["dist_sync", "dist_async"])
@@ -401,6 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = args.jobs
     elif args.command == "zmq":
         jobs = [ZMQ_JOB]
+    elif args.command == "gloo":
+        jobs = [GLOO_JOB]
     else:
         jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
                              args.servers, args.workers, args.bigarray_bound)]
@@ -409,6 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             began = time.monotonic()
             if job == ZMQ_JOB:
                 job_dir = record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
+            elif job == GLOO_JOB:
+                job_dir = record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
+                                          world_size=getattr(args, "world_size", GLOO_WORLD_SIZE))
             else:
                 spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
                 job_dir = record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)

@@ -125,6 +125,9 @@ def test_capture_started_mid_connection_resynchronises(reference, tmp_path):
     messages, summary = _decode(_write(tmp_path / "worker0.pcap", linktype, records[cut:]))
     cut_ns = int(round(records[cut][0] * 1e9))
     assert summary["midstream_streams"] > 0
+    streams = decode_paths([tmp_path / "worker0.pcap"]).tables["streams"].to_pandas()
+    midstream = streams[~streams["syn_seen"] & (streams["bytes"] > 0)]
+    assert len(midstream) and (midstream["protocol"] == "pslite").all(), "caught mid-connection, still ps-lite"
     later = ref[ref["ts_first_ns"] > cut_ns + 5_000_000]        # messages that start well after the cut
     on_wire = ["ps_timestamp", "customer_id", "request", "push", "pull", "size_bytes", "ts_first_ns"]
     found = later[on_wire].merge(messages[on_wire], how="inner", on=on_wire)

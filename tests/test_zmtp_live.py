@@ -14,11 +14,11 @@ from contextlib import contextmanager
 
 import pytest
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zmq.auth.thread import ThreadAuthenticator
 
-from decoders.zmtp import Command, Greeting, Message, Resync
+from decoders.zmtp import Greeting, Message, Resync
 from tests.zmtp_tap import (Gap, Tap, TappedConnection, bytewise, command, commands, decode, decode_with_invariants,
                             frame, greeting_v2, greeting_v3, message, messages, metadata, random_chunks, v1_frame,
                             v1_message, without_timestamps)
@@ -62,13 +62,18 @@ def tapped(ctx, server_type: int, client_type: int, *, server_options=(), client
 
 
 def decoded(chunks: list, **options) -> tuple[list, object]:
-    """Decode real chunks; check whole and byte-by-byte feeding give the same events."""
+    """Decode real chunks; check that whole, random and (if small) byte-by-byte feeding give the same
+    events, and that trailing bytes neither change nor delay any of them."""
     options.setdefault("keep_body", keep_all)
     events, dec = decode(chunks, **options)
+    expected = without_timestamps(events)
     stream = TappedConnection.joined(chunks)
-    assert without_timestamps(decode([(stream, 0)], **options)[0]) == without_timestamps(events)
+    assert without_timestamps(decode([(stream, 0)], **options)[0]) == expected
+    assert without_timestamps(decode(random_chunks(stream, len(stream)), **options)[0]) == expected
     if len(stream) < 200_000:
-        assert without_timestamps(decode(bytewise(stream), **options)[0]) == without_timestamps(events)
+        assert without_timestamps(decode(bytewise(stream), **options)[0]) == expected
+    unended = without_timestamps(decode([(stream, 0)], end=False, **options)[0])
+    assert without_timestamps(decode([(stream + b"\x01", 0)], end=False, **options)[0]) == unended
     return events, dec
 
 
