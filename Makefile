@@ -22,6 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
+	# MLCommons' own Chakra reader, the tests' independent check of our .et writer. --no-deps: its declared
+	# dependencies pull in ~70 packages (HTA, Jupyter); its schema and reader need only protobuf.
+	$(VENV)/bin/pip install -q --no-deps mlc-chakra==1.0.0
 	# bcc's Python package comes only from Debian (python3-bpfcc, in the system dist-packages): link that one
 	# package into the venv, nothing else of dist-packages.
 	ln -sfn "$$(/usr/bin/python3 -c 'import bcc, os; print(os.path.dirname(bcc.__file__))')" \
