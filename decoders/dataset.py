@@ -41,6 +41,17 @@ STREAMS_SCHEMA = pa.schema([
     ("resyncs", _i64),
     ("decode_error", pa.string()),      # why decoding stopped on this stream, if it did
     ("node_id", pa.int32()),            # ps-lite node id of the sending endpoint, when known
+    # Gloo / TCPStore
+    ("gloo_role", pa.string()),
+    ("pair_sequence", _i64),
+    ("rank", pa.int32()),
+    ("peer_rank", pa.int32()),
+    # RoCE rows (one per source, destination, dest_qp) and NCCL sockets
+    ("dest_qp", _i64),
+    ("bad_icrc", _i64),
+    ("cnp", _i64),
+    ("retransmitted_packets", _i64),
+    ("naks", _i64),
 ])
 
 ZMTP_SCHEMA = pa.schema([
@@ -89,6 +100,62 @@ MESSAGES_SCHEMA = pa.schema([
     ("simple_app_cmd", pa.string()),    # MXNet SimpleApp command name
     ("barrier_group", pa.int32()),
     ("flavor", pa.string()),            # "dmlc" (MXNet) or "byteps"
+    # Gloo (protocol "gloo")
+    ("opcode", pa.string()),
+    ("slot", _i64),
+    ("collective", pa.string()),
+    ("seq", _i64),
+    ("tag", _i64),
+    ("slot_delta", pa.int32()),
+    ("offset", _i64),
+    ("length", _i64),
+    ("roffset", _i64),
+    ("payload_bytes", _i64),
+    ("missing_bytes", _i64),
+    ("src_rank", pa.int32()),
+    ("dst_rank", pa.int32()),
+    ("local_rank", pa.int32()),
+    ("peer_rank", pa.int32()),
+    ("peer_address", pa.string()),
+    ("outgoing", pa.bool_()),
+    ("world_size", pa.int32()),
+    ("pg", pa.string()),
+    # PyTorch TCPStore (protocol "tcpstore")
+    ("store_query", pa.string()),
+    ("store_key", pa.string()),
+    ("store_keys", pa.int32()),
+    ("value_bytes", _i64),
+    ("response_bytes", _i64),
+    ("store_number", _i64),
+    # RoCE (protocol "roce") and NCCL
+    ("rdma_op", pa.string()),
+    ("dest_qp", _i64),
+    ("imm", _i64),
+    ("va", pa.uint64()),
+    ("rkey", _i64),
+    ("nccl_role", pa.string()),
+])
+
+COLLECTIVES_SCHEMA = pa.schema([
+    ("protocol", pa.string()),
+    ("kind", pa.string()),
+    ("seq", _i64),
+    ("world_size", pa.int32()),
+    ("ts_first_ns", _i64),
+    ("ts_last_ns", _i64),
+    ("wire_bytes_sent", _i64),
+    ("wire_bytes_received", _i64),
+    ("tensor_bytes", _i64),
+    ("peers", _list_i64),
+    ("algorithm", pa.string()),
+    # beyond the contract
+    ("capture", pa.string()),
+    ("pg", pa.string()),
+    ("local_rank", pa.int32()),
+    ("payload_bytes_sent", _i64),
+    ("payload_bytes_received", _i64),
+    ("messages", _i64),
+    ("complete", pa.bool_()),
 ])
 
 NODES_SCHEMA = pa.schema([
@@ -104,6 +171,7 @@ TABLES = {
     "zmtp": ZMTP_SCHEMA,
     "messages": MESSAGES_SCHEMA,
     "nodes": NODES_SCHEMA,
+    "collectives": COLLECTIVES_SCHEMA,
 }
 
 

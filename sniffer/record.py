@@ -430,7 +430,7 @@ def _parser() -> argparse.ArgumentParser:
                                ("zmq", "record the pyzmq job"), ("gloo", "record the PyTorch Gloo job")):
         sub = commands.add_parser(command, help=help_text)
         sub.add_argument("--out", type=Path, required=True, help="directory receiving one folder per job")
-        sub.add_argument("--workload-python", required=True, help="python of the venv holding mxnet/pyzmq")
+        sub.add_argument("--workload-python", required=True, help="python of the venv holding mxnet, pyzmq and torch")
         sub.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S, help="seconds a job may take")
         if command == "all":
             sub.add_argument("--jobs", nargs="+", choices=ALL_JOBS, default=list(ALL_JOBS))

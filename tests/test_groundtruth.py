@@ -250,7 +250,7 @@ def check_captures(job) -> None:
         assert node["capture_stats"]["packets_dropped_by_kernel"] == 0
 
 
-@pytest.mark.parametrize("job_name", [*MXNET_JOBS, "zmq"])
+@pytest.mark.parametrize("job_name", [*MXNET_JOBS, "zmq", "gloo"])
 def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
     job = load_job(PCAPS / job_name)
     check_captures(job)

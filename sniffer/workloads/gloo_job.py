@@ -10,13 +10,17 @@ rank, so the bundled captures gzip well.
 
 Each rank writes its own record (JSON) of every operation, with wall-clock ns taken just before the call
 and just after it returned (every call is synchronous):
-- kind: the collective's name as in the decode contract (all_reduce, all_to_all, broadcast, ...);
-- order: index of the operation in this rank's program; collective_index: index among the collective
-  operations only (send/recv excluded: PyTorch's Gloo backend numbers its collectives, not its p2p ops);
+- kind: the operation as the program called it (all_reduce, all_to_all, broadcast, ..., send, recv);
+- order: index of the operation in this rank's program;
 - tensor_bytes: the operation's size as nccl-tests count it (all_reduce, broadcast, reduce: the tensor;
   all_gather, gather: the whole output; reduce_scatter, scatter: the whole input; all_to_all: one rank's
   input; send/recv: the message); input_bytes / output_bytes: what this rank handed in and got back;
-- root / peer / tag where the operation has one; pg_sequence: torch's own per-group counter after the call.
+- root / peer / tag where the operation has one; pg_sequence: torch's own per-group counter after the call;
+- gloo_works: the Gloo work items PyTorch ran for the call, as its profiler saw them ("gloo:<name>" events
+  with their input shapes), and gloo_tags: their tags. PyTorch tags every Gloo collective work with its
+  process group's collective counter (send/recv works use the caller's tag instead); one call may run
+  several works (2.13 runs reduce_scatter as one all_reduce per rank), so the tags are counted here from
+  the works the profiler saw, not from the calls.
 The recorder (sniffer/record.py) reads `finished` to know when a straggler may be killed.
 """
 
@@ -32,8 +36,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 FLOAT32_BYTES = 4
+GLOO_WORK_PREFIX = "gloo:"        # PyTorch's profiler names each Gloo work item "gloo:<operation>"
+P2P_WORKS = ("send", "recv")
 TIMEOUT = timedelta(seconds=60)
 P2P_TAG = 7
 # (kind, label, elements per rank, root): sizes in float32 elements. Large enough to span many segments
@@ -56,6 +63,7 @@ OPERATIONS = (
     ("scatter", "root3", 16_384, 3),
     ("barrier", "", 0, None),
     ("send_recv", "ring", 75_000, None),                # rank r sends to r+1, receives from r-1
+    ("send_recv", "ring", 1_000, None),                 # again, same peers and tag
     ("all_reduce", "medium", 262_144, None),
     ("barrier", "", 0, None),
 )
@@ -120,6 +128,28 @@ def run_collective(kind: str, label: str, elements: int, root: int | None, rank:
     raise ValueError(f"unknown collective {kind}")
 
 
+def run_p2p(direction: str, peer: int, elements: int, rank: int) -> dict:
+    size = elements * FLOAT32_BYTES
+    if direction == "send":
+        dist.send(filled(elements, float(rank + 1)), dst=peer, tag=P2P_TAG)
+    else:
+        dist.recv(torch.empty(elements), src=peer, tag=P2P_TAG)
+    return {"peer": peer, "tag": P2P_TAG, "tensor_bytes": size, "input_bytes": size if direction == "send" else 0,
+            "output_bytes": size if direction == "recv" else 0}
+
+
+def profiled(call) -> tuple[dict, list[dict], int, int]:
+    """Run call() under PyTorch's profiler: its result, the Gloo works it ran, and its start/end ns."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+        start_ns = time.time_ns()
+        result = call()
+        end_ns = time.time_ns()
+    works = [{"name": event.name.removeprefix(GLOO_WORK_PREFIX), "input_shapes": event.input_shapes}
+             for event in sorted(profiler.events(), key=lambda event: event.time_range.start)
+             if event.name.startswith(GLOO_WORK_PREFIX)]
+    return result, works, start_ns, end_ns
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -136,33 +166,27 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                             rank=rank, world_size=world, timeout=TIMEOUT)
     record["init_done_ns"] = time.time_ns()
-    operations = record["operations"]
-    collective_index = 0
+    calls = []                    # (order, kind, label, call)
     for order, (kind, label, elements, root) in enumerate(OPERATIONS):
-        start_ns = time.time_ns()
         if kind == "send_recv":
-            size = elements * FLOAT32_BYTES
-            to_rank, from_rank = (rank + 1) % world, (rank - 1) % world
             # Even ranks send first, odd ranks receive first: no rank waits on a peer that is also sending.
-            steps = (("send", to_rank), ("recv", from_rank))
+            steps = [("send", (rank + 1) % world), ("recv", (rank - 1) % world)]
             for direction, peer in (steps if rank % 2 == 0 else steps[::-1]):
-                start_ns = time.time_ns()
-                if direction == "send":
-                    dist.send(filled(elements, float(rank + 1)), dst=peer, tag=P2P_TAG)
-                else:
-                    dist.recv(torch.empty(elements), src=peer, tag=P2P_TAG)
-                operations.append({"kind": direction, "label": label, "order": order, "collective_index": None,
-                                   "peer": peer, "tag": P2P_TAG, "tensor_bytes": size,
-                                   "input_bytes": size if direction == "send" else 0,
-                                   "output_bytes": size if direction == "recv" else 0,
-                                   "start_ns": start_ns, "end_ns": time.time_ns(),
-                                   "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
-            continue
-        sizes = run_collective(kind, label, elements, root, rank, world)
-        operations.append({"kind": kind, "label": label, "order": order, "collective_index": collective_index,
-                           **sizes, "start_ns": start_ns, "end_ns": time.time_ns(),
-                           "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
-        collective_index += 1
+                calls.append((order, direction, label,
+                              lambda d=direction, p=peer, n=elements: run_p2p(d, p, n, rank)))
+        else:
+            calls.append((order, kind, label,
+                          lambda k=kind, lb=label, n=elements, r=root: run_collective(k, lb, n, r, rank, world)))
+    next_tag = 0
+    for order, kind, label, call in calls:
+        sizes, works, start_ns, end_ns = profiled(call)
+        collective_works = [work for work in works if work["name"] not in P2P_WORKS]
+        tags = list(range(next_tag, next_tag + len(collective_works)))
+        next_tag += len(collective_works)
+        record["operations"].append({"kind": kind, "label": label, "order": order, "dtype": "float32", **sizes,
+                                     "start_ns": start_ns, "end_ns": end_ns, "gloo_works": works,
+                                     "gloo_tags": tags,
+                                     "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
     dist.destroy_process_group()
     record["end_ns"] = time.time_ns()
     record["finished"] = True

@@ -1,0 +1,730 @@
+"""Gloo's TCP transport (PyTorch's CPU collectives), decoded sans-IO, and the capture-level Gloo decoder.
+
+Wire format (gloo/transport/tcp: pair.h, pair.cc, device.cc; checked on captures of torch 2.13 jobs):
+- A pair of ranks shares one TCP connection per process group. The side whose listening address
+  compares greater (IP bytes, then port) connects and first writes an 8-byte `ssize_t` sequence number:
+  the pair identifier the listening side published for the connecting rank. Nothing else is a handshake.
+- Then, both ways, messages: a 48-byte preamble of six native (little-endian) u64 — nbytes (preamble +
+  payload), opcode, slot, offset, length, roffset — and `nbytes - 48` payload bytes. Opcodes:
+  0 SEND_BUFFER (payload; offset/roffset address a registered buffer), 1 SEND_UNBOUND_BUFFER (payload),
+  2 NOTIFY_SEND_READY and 3 NOTIFY_RECV_READY (no payload; length = the bytes announced).
+- slot = (prefix << 56) | (tag << 24) | delta, the prefix naming the collective (gloo/types.h) and the tag
+  being PyTorch's per-process-group collective counter: slot -> (collective, sequence number). Send/recv
+  use the caller's tag itself as the slot (prefix 0).
+- The rendezvous goes through PyTorch's TCPStore (decoders.tcpstore): each rank sets the key
+  "<group prefix>/<rank>" to its Rank record (`parse_rank_record`): host name, listening sockaddr, and one
+  pair identifier per peer rank. That maps listening addresses and connect sequence numbers to ranks.
+
+`GlooStreamDecoder` reads one direction: bytes in, events out (`PairConnect`, `GlooMessage`, `Resync`).
+Payloads are counted, never copied. Bytes the capture lost inside a payload only make that message
+incomplete; lost bytes that hit a preamble make the decoder scan forward for the next plausible preamble.
+
+`GlooCaptureDecoder` is the capture-level decoder the pipeline drives (claim / on_data / on_gap / on_end /
+finish): it claims Gloo pairs and TCPStore connections, resolves ranks from the rendezvous, and returns
+message, stream and collective rows (`decoders.rows.CaptureRows`).
+"""
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from decoders import collectives, tcpstore
+from decoders.errors import DecodeError
+from decoders.packet import ip_to_str
+from decoders.rows import CaptureRows, frame_rows
+from decoders.tcp import StreamKey
+
+PREAMBLE = struct.Struct("<6Q")          # nbytes opcode slot offset length roffset
+PREAMBLE_BYTES = PREAMBLE.size
+CONNECT_SEQUENCE = struct.Struct("<q")   # ssize_t written by the connecting side
+# Sanity bounds for what a preamble may announce (no tensor on a CPU host comes near 2^48 bytes).
+MAX_MESSAGE_BYTES = 1 << 48
+MAX_SEQUENCE_NUMBER = 1 << 31
+
+
+class Opcode(enum.IntEnum):
+    SEND_BUFFER = 0
+    SEND_UNBOUND_BUFFER = 1
+    NOTIFY_SEND_READY = 2
+    NOTIFY_RECV_READY = 3
+
+
+_PAYLOAD_OPCODES = frozenset((Opcode.SEND_BUFFER, Opcode.SEND_UNBOUND_BUFFER))
+# gloo/types.h slot prefixes -> collective kind, named as in the collectives contract.
+SLOT_PREFIX_KINDS = {1: "gather", 2: "all_gather", 3: "reduce", 4: "all_reduce", 5: "scatter", 6: "broadcast",
+                     7: "barrier", 8: "all_to_all"}
+P2P = "p2p"                              # prefix 0: a send/recv whose slot is the caller's tag
+_TAG_SHIFT = 24
+_TAG_MASK = 0xFFFF_FFFF
+_DELTA_MASK = 0xFF                       # gloo's Slot::operator+ refuses deltas above 0xff
+_PREFIX_SHIFT = 56
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    kind: str                            # collective kind, or P2P
+    tag: int                             # collective sequence number; for P2P the whole slot (user tag)
+    delta: int                           # the collective's sub-slot (0 for PyTorch's algorithms)
+
+
+def parse_slot(slot: int) -> Slot:
+    prefix = slot >> _PREFIX_SHIFT
+    if prefix == 0:
+        return Slot(P2P, slot, 0)
+    kind = SLOT_PREFIX_KINDS.get(prefix)
+    if kind is None or (slot >> 8) & 0xFFFF:
+        raise DecodeError(f"slot {slot:#018x} has no Gloo collective prefix")
+    return Slot(kind, (slot >> _TAG_SHIFT) & _TAG_MASK, slot & _DELTA_MASK)
+
+
+@dataclass(frozen=True, slots=True)
+class Preamble:
+    nbytes: int                          # whole message: preamble + payload
+    opcode: Opcode
+    slot: int
+    offset: int
+    length: int                          # payload bytes, or the bytes a NOTIFY announces
+    roffset: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.nbytes - PREAMBLE_BYTES
+
+
+def parse_preamble(data: bytes | memoryview, offset: int = 0) -> Preamble:
+    """The preamble at `offset`; DecodeError if there is none (fewer than 48 bytes, or fields no sender
+    would write)."""
+    try:
+        nbytes, opcode, slot, buffer_offset, length, roffset = PREAMBLE.unpack_from(data, offset)
+    except struct.error:
+        raise DecodeError(f"{len(data) - offset} bytes, a preamble has 48") from None
+    if opcode > Opcode.NOTIFY_RECV_READY:
+        raise DecodeError(f"opcode {opcode} is not a Gloo opcode")
+    if length >= MAX_MESSAGE_BYTES:
+        raise DecodeError(f"length {length} is beyond any tensor")
+    if opcode in _PAYLOAD_OPCODES:
+        if nbytes != PREAMBLE_BYTES + length:
+            raise DecodeError(f"nbytes {nbytes} != 48 + length {length}")
+    elif nbytes != PREAMBLE_BYTES:
+        raise DecodeError(f"a notification of {nbytes} bytes (always 48)")
+    if opcode != Opcode.SEND_BUFFER and (buffer_offset or roffset):
+        raise DecodeError(f"offset {buffer_offset} / roffset {roffset} set outside SEND_BUFFER")
+    parse_slot(slot)
+    return Preamble(nbytes, Opcode(opcode), slot, buffer_offset, length, roffset)
+
+
+# What a preamble looks like to a scanner, before parse_preamble decides: nbytes >= 48 and < 2^48, an
+# opcode 0..3, a slot prefix 0..8, a length < 2^48. Zero-filled payloads never match (nbytes would be 0).
+# A lookahead, so that a candidate that parse_preamble refuses does not hide one overlapping it.
+_PREAMBLE_CANDIDATE = re.compile(
+    rb"(?=(?=[\x30-\xff]|.{1,5}[^\x00]).{6}\x00\x00"
+    rb"[\x00-\x03]\x00{7}"
+    rb".{7}[\x00-\x08]"
+    rb".{8}"
+    rb".{6}\x00\x00"
+    rb".{8})",
+    re.DOTALL)
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PairConnect:
+    """The connecting side's first 8 bytes: the pair identifier the listening side gave this pair."""
+    sequence_number: int
+    ts_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class GlooMessage:
+    offset: int                          # stream offset of the preamble
+    ts_first_ns: int
+    ts_last_ns: int
+    preamble: Preamble
+    missing_bytes: int                   # payload bytes the capture lost
+    complete: bool                       # every byte captured (False also when the stream ended inside it)
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Decoding resumed at stream offset `offset`; `lost_bytes` bytes before it could not be decoded."""
+    offset: int
+    lost_bytes: int
+    ts_ns: int
+    reason: str
+
+
+GlooEvent = PairConnect | GlooMessage | Resync
+
+
+class _State(enum.Enum):
+    SEQUENCE = "sequence"
+    PREAMBLE = "preamble"
+    PAYLOAD = "payload"
+    RESYNC = "resync"
+
+
+class GlooStreamDecoder:
+    """One direction of one Gloo pair connection.
+
+    `initiator`: this direction belongs to the connecting side (it starts with the sequence number).
+    `midstream`: the capture did not see the stream's start; decoding begins by scanning for a preamble.
+    Public counters: `offset` (stream bytes received, captured or lost), `lost_bytes` (bytes that could
+    not be decoded), `resyncs`, `messages`, `last_resync_reason`.
+    """
+
+    def __init__(self, *, initiator: bool, midstream: bool = False):
+        self.offset = 0
+        self.lost_bytes = 0
+        self.resyncs = 0
+        self.messages = 0
+        self.last_resync_reason: str | None = None
+        # Bytes already counted in `offset` but not decoded yet: a preamble or sequence number split
+        # across chunks, or (RESYNC) the last bytes scanned, where a preamble may start.
+        self._header = bytearray()
+        self._scan_tail = b""
+        self._unsynced_bytes = 0             # RESYNC: bytes given up on since sync was lost
+        self._unsynced_reason = ""
+        self._preamble: Preamble | None = None
+        self._message_offset = 0
+        self._message_ts_ns = 0
+        self._remaining = 0                  # payload bytes of the current message still to come
+        self._missing = 0                    # payload bytes of the current message the capture lost
+        self._state = _State.SEQUENCE if initiator else _State.PREAMBLE
+        if midstream:
+            self._lose_sync("capture started mid-connection", 0)
+
+    # -- input ------------------------------------------------------------------------------------
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> list[GlooEvent]:
+        events: list[GlooEvent] = []
+        view = data if data.__class__ is memoryview else memoryview(data)
+        pos, end = 0, len(view)
+        while pos < end:
+            state = self._state
+            if state is _State.PAYLOAD:
+                step = min(self._remaining, end - pos)
+                self._remaining -= step
+                self.offset += step
+                pos += step
+                if not self._remaining:
+                    events.append(self._message_done(ts_ns))
+            elif state is _State.PREAMBLE:
+                pos = self._read_preamble(view, pos, ts_ns, events)
+            elif state is _State.SEQUENCE:
+                pos = self._read_sequence(view, pos, ts_ns, events)
+            else:
+                pos = self._scan(view, pos, ts_ns, events)
+        return events
+
+    def receive_gap(self, size: int, ts_ns: int) -> list[GlooEvent]:
+        """`size` stream bytes the capture never saw."""
+        events: list[GlooEvent] = []
+        self.offset += size
+        if self._state is _State.PAYLOAD:
+            covered = min(size, self._remaining)
+            self._remaining -= covered
+            self._missing += covered
+            size -= covered
+            if not self._remaining:
+                events.append(self._message_done(ts_ns))
+        if size:
+            self._lose_sync(f"{size} bytes lost where a header was due", size)
+        return events
+
+    def receive_end(self, ts_ns: int) -> list[GlooEvent]:
+        """The stream ended: a message cut short is reported incomplete, undecoded bytes as lost."""
+        if self._state is _State.PAYLOAD:
+            self._missing += self._remaining
+            self._remaining = 0
+            return [self._message_done(ts_ns)]
+        self.lost_bytes += len(self._header) + len(self._scan_tail) + self._unsynced_bytes
+        self._header.clear()
+        self._scan_tail = b""
+        self._unsynced_bytes = 0
+        return []
+
+    # -- states -----------------------------------------------------------------------------------
+    def _read_sequence(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+        taken = min(CONNECT_SEQUENCE.size - len(self._header), len(view) - pos)
+        self._header += view[pos:pos + taken]
+        self.offset += taken
+        if len(self._header) == CONNECT_SEQUENCE.size:
+            header = bytes(self._header)
+            self._header.clear()
+            sequence_number = CONNECT_SEQUENCE.unpack(header)[0]
+            if 0 <= sequence_number < MAX_SEQUENCE_NUMBER:
+                events.append(PairConnect(sequence_number, ts_ns))
+                self._state = _State.PREAMBLE
+            else:     # not a connecting side after all: these bytes may begin a preamble
+                self._lose_sync(f"connect sequence number {sequence_number} out of range", 0, header)
+        return pos + taken
+
+    def _read_preamble(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+        if not self._header:
+            self._message_ts_ns = ts_ns
+            if len(view) - pos >= PREAMBLE_BYTES:     # the common case: the whole preamble in this chunk
+                self.offset += PREAMBLE_BYTES
+                self._start_message(view[pos:pos + PREAMBLE_BYTES], ts_ns, events)
+                return pos + PREAMBLE_BYTES
+        taken = min(PREAMBLE_BYTES - len(self._header), len(view) - pos)
+        self._header += view[pos:pos + taken]
+        self.offset += taken
+        if len(self._header) == PREAMBLE_BYTES:
+            header = bytes(self._header)
+            self._header.clear()
+            self._start_message(header, ts_ns, events)
+        return pos + taken
+
+    def _start_message(self, header: bytes | memoryview, ts_ns: int, events: list) -> None:
+        """A preamble's 48 bytes, just counted in `offset`."""
+        try:
+            preamble = parse_preamble(header)
+        except DecodeError as exc:
+            # Scan again from the byte after the one that failed to start a preamble.
+            self._lose_sync(str(exc), 1, bytes(header[1:]))
+            return
+        self._preamble = preamble
+        self._message_offset = self.offset - PREAMBLE_BYTES
+        self._remaining = preamble.payload_bytes
+        self._missing = 0
+        if self._remaining:
+            self._state = _State.PAYLOAD
+        else:
+            events.append(self._message_done(ts_ns))
+
+    def _message_done(self, ts_ns: int) -> GlooMessage:
+        self._state = _State.PREAMBLE
+        self.messages += 1
+        return GlooMessage(self._message_offset, self._message_ts_ns, ts_ns, self._preamble, self._missing,
+                           not self._missing)
+
+    # -- resynchronisation ------------------------------------------------------------------------
+    def _lose_sync(self, reason: str, lost_bytes: int, scan_from: bytes = b"") -> None:
+        """Stop decoding: `lost_bytes` more bytes are given up on; scanning resumes with `scan_from`, the
+        last bytes counted in `offset`."""
+        if self._state is not _State.RESYNC:
+            self._unsynced_reason = reason
+        # Bytes held for decoding or scanning no longer continue into what follows.
+        self._unsynced_bytes += lost_bytes + len(self._header) + len(self._scan_tail)
+        self._header.clear()
+        self._scan_tail = scan_from
+        self._state = _State.RESYNC
+
+    def _scan(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+        """Look for a preamble in the held bytes followed by view[pos:]."""
+        tail = self._scan_tail
+        window = tail + bytes(view[pos:])
+        window_offset = self.offset - len(tail)
+        for candidate in _PREAMBLE_CANDIDATE.finditer(window):
+            start = candidate.start()
+            try:
+                parse_preamble(window, start)
+            except DecodeError:
+                continue
+            lost = self._unsynced_bytes + start
+            self.lost_bytes += lost
+            self.resyncs += 1
+            self.last_resync_reason = self._unsynced_reason
+            events.append(Resync(window_offset + start, lost, ts_ns, self._unsynced_reason))
+            self._unsynced_bytes = 0
+            self._scan_tail = b""
+            self._state = _State.PREAMBLE
+            self._message_ts_ns = ts_ns
+            consumed = start + PREAMBLE_BYTES - len(tail)    # > 0: the tail is shorter than a preamble
+            self.offset += consumed
+            self._start_message(window[start:start + PREAMBLE_BYTES], ts_ns, events)
+            return pos + consumed
+        keep = min(len(window), PREAMBLE_BYTES - 1)
+        self._unsynced_bytes += len(window) - keep
+        self._scan_tail = window[len(window) - keep:]
+        self.offset += len(view) - pos
+        return len(view)
+
+
+# -- the rendezvous record ---------------------------------------------------------------------------
+
+_SIZE = struct.Struct("<Q")
+_SOCKADDR_FAMILY = struct.Struct("<H")       # sa_family_t, native order
+_SOCKADDR_PORT = struct.Struct(">H")         # sin_port / sin6_port, network order
+_AF_INET = 2
+_AF_INET6 = 10
+_SOCKADDR_IN6_ADDRESS_OFFSET = 8             # after family, port, flowinfo
+MAX_HOSTNAME_BYTES = 255
+MAX_RANKS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RankRecord:
+    """What a rank publishes in the store for its peers (gloo/transport/tcp/context.cc `Rank`)."""
+    hostname: str
+    ip: bytes                                # packed address of the rank's listening socket
+    port: int
+    pair_ids: tuple[int, ...]                # per peer rank: the sequence number that peer sends when it
+    #                                          connects; empty when ranks are used as sequence numbers
+
+
+def parse_rank_record(value: bytes | memoryview) -> RankRecord:
+    """`u64 len, host name, u64 len, Address bytes (sockaddr_storage + seq), ssize_t pair id per rank`."""
+    try:
+        hostname_bytes = _SIZE.unpack_from(value, 0)[0]
+        if hostname_bytes > MAX_HOSTNAME_BYTES:
+            raise DecodeError(f"host name of {hostname_bytes} bytes")
+        address_at = _SIZE.size + hostname_bytes
+        address_bytes = _SIZE.unpack_from(value, address_at)[0]
+        sockaddr_at = address_at + _SIZE.size
+        family = _SOCKADDR_FAMILY.unpack_from(value, sockaddr_at)[0]
+        port = _SOCKADDR_PORT.unpack_from(value, sockaddr_at + 2)[0]
+        if family == _AF_INET:
+            ip = bytes(value[sockaddr_at + 4:sockaddr_at + 8])
+        elif family == _AF_INET6:
+            ip_at = sockaddr_at + _SOCKADDR_IN6_ADDRESS_OFFSET
+            ip = bytes(value[ip_at:ip_at + 16])
+        else:
+            raise DecodeError(f"address family {family}")
+    except struct.error:
+        raise DecodeError("too short for a Gloo rank record") from None
+    pair_ids_at = sockaddr_at + address_bytes
+    pair_id_bytes = len(value) - pair_ids_at
+    if address_bytes < len(ip) + 4 or pair_id_bytes < 0 or pair_id_bytes % CONNECT_SEQUENCE.size \
+            or pair_id_bytes // CONNECT_SEQUENCE.size > MAX_RANKS:
+        raise DecodeError("lengths do not add up to a Gloo rank record")
+    pair_ids = tuple(seq for (seq,) in CONNECT_SEQUENCE.iter_unpack(value[pair_ids_at:]))
+    hostname = bytes(value[_SIZE.size:address_at]).decode("utf-8", "replace")
+    return RankRecord(hostname, ip, port, pair_ids)
+
+
+def split_rank_key(key: str) -> tuple[str, int] | None:
+    """A rendezvous key "<group prefix>/<rank>" -> (group prefix, rank); None for other keys."""
+    group, slash, rank = key.rpartition("/")
+    return (group, int(rank)) if slash and rank.isdigit() else None
+
+
+# -- the capture-level decoder -----------------------------------------------------------------------
+
+Endpoint = tuple[bytes, int]
+CLAIM_PREFIX_BYTES = CONNECT_SEQUENCE.size + PREAMBLE_BYTES     # enough to tell both roles apart
+
+
+class Role(enum.Enum):
+    INITIATOR = "initiator"              # the connecting side: starts with the sequence number
+    LISTENER = "listener"
+    UNKNOWN = "unknown"                  # a capture that started mid-connection, on an unknown pair
+
+
+def _is_preamble(prefix: bytes, offset: int) -> bool:
+    try:
+        parse_preamble(prefix, offset)
+    except DecodeError:
+        return False
+    return True
+
+
+def _could_be_sequence_or_preamble(prefix: bytes) -> bool:
+    """False once the first bytes can be neither a connect sequence number nor a preamble's nbytes."""
+    if len(prefix) < CONNECT_SEQUENCE.size:
+        return True
+    first = _SIZE.unpack_from(prefix, 0)[0]
+    return first < MAX_SEQUENCE_NUMBER or PREAMBLE_BYTES <= first < MAX_MESSAGE_BYTES
+
+
+@dataclass(slots=True)
+class _GlooStream:
+    key: StreamKey
+    role: Role
+    decoder: GlooStreamDecoder
+    sequence_number: int | None = None
+    messages: list[GlooMessage] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _StoreConnection:
+    client_stream_id: int                # the request direction names the connection in the rows
+    decoder: tcpstore.TcpStoreConnection
+    open_directions: int = 1             # claimed and not ended: responses may follow the client's FIN
+
+
+@dataclass(slots=True)
+class _Pair:
+    """What the rendezvous says about one Gloo connection's ends."""
+    group: str | None
+    ranks: dict[Endpoint, int]
+
+
+class GlooCaptureDecoder:
+    """Gloo pair connections and the TCPStore rendezvous of one capture file (sans-IO; see module doc).
+
+    Message rows: protocol "gloo" (one per Gloo message) and "tcpstore" (one per store query with its
+    response). Ranks come from the rendezvous records seen in the same capture; without them ranks stay
+    null and the capturing node is the address common to all its Gloo connections.
+    """
+
+    protocol = "gloo"
+
+    def __init__(self):
+        self._gloo: dict[int, _GlooStream] = {}
+        self._store: dict[int, tuple[_StoreConnection, bool]] = {}     # stream -> connection, is the client
+        self._store_clients: dict[StreamKey, _StoreConnection] = {}
+        self._store_rows: list[dict] = []
+        self._records: dict[tuple[str, int], RankRecord] = {}
+
+    # -- the pipeline's interface -----------------------------------------------------------------
+    def claim(self, stream_id: int, key: StreamKey, syn_seen: bool, prefix: bytes) -> bool | None:
+        prefix = bytes(prefix)
+        connection = self._store_clients.get((key[2], key[3], key[0], key[1]))
+        if connection is not None:                    # the store's answers to a client already claimed
+            connection.open_directions += 1
+            self._store[stream_id] = (connection, False)
+            return True
+        validate = tcpstore.VALIDATE_PREFIX
+        if syn_seen and prefix[:len(validate)] == validate[:len(prefix)]:
+            if len(prefix) < len(validate):
+                return None
+            connection = _StoreConnection(stream_id, tcpstore.TcpStoreConnection())
+            self._store[stream_id] = (connection, True)
+            self._store_clients[key] = connection
+            return True
+        role = self._gloo_role(key, syn_seen, prefix)
+        if not isinstance(role, Role):
+            return role
+        decoder = GlooStreamDecoder(initiator=role is Role.INITIATOR, midstream=role is Role.UNKNOWN)
+        self._gloo[stream_id] = _GlooStream(key, role, decoder)
+        return True
+
+    def on_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
+        stream = self._gloo.get(stream_id)
+        if stream is not None:
+            self._take_gloo_events(stream, stream.decoder.receive_data(data, ts_ns))
+            return
+        connection, is_client = self._store[stream_id]
+        decoder = connection.decoder
+        receive = decoder.receive_request_data if is_client else decoder.receive_response_data
+        self._take_exchanges(connection.client_stream_id, receive(data, ts_ns))
+
+    def on_gap(self, stream_id: int, size: int, ts_ns: int) -> None:
+        stream = self._gloo.get(stream_id)
+        if stream is not None:
+            self._take_gloo_events(stream, stream.decoder.receive_gap(size, ts_ns))
+            return
+        connection, _ = self._store[stream_id]
+        self._take_exchanges(connection.client_stream_id, connection.decoder.receive_gap(size, ts_ns))
+
+    def on_end(self, stream_id: int, ts_ns: int) -> None:
+        stream = self._gloo.get(stream_id)
+        if stream is not None:
+            self._take_gloo_events(stream, stream.decoder.receive_end(ts_ns))
+            return
+        connection, _ = self._store[stream_id]
+        connection.open_directions -= 1
+        if not connection.open_directions:
+            self._take_exchanges(connection.client_stream_id, connection.decoder.receive_end(ts_ns))
+
+    def finish(self) -> CaptureRows:
+        for connection in self._store_clients.values():
+            if connection.open_directions:
+                connection.open_directions = 0
+                self._take_exchanges(connection.client_stream_id, connection.decoder.receive_end(0))
+        pairs = self._resolve_pairs()
+        local_rank, local_ip = self._local_node(pairs)
+        rows = CaptureRows()
+        for stream_id, stream in self._gloo.items():
+            pair = pairs[_connection(stream.key)]
+            src, dst = (stream.key[0], stream.key[1]), (stream.key[2], stream.key[3])
+            src_rank, dst_rank = pair.ranks.get(src), pair.ranks.get(dst)
+            group_local = local_rank.get(pair.group)
+            if group_local is not None:
+                outgoing = src_rank == group_local
+            else:
+                outgoing = None if local_ip is None else src[0] == local_ip
+            peer = None if outgoing is None else dst if outgoing else src
+            context = {"src_rank": src_rank, "dst_rank": dst_rank, "local_rank": group_local, "outgoing": outgoing,
+                       "peer_rank": pair.ranks.get(peer), "peer_address": peer and _address(peer),
+                       "world_size": self._world_size(pair.group, pairs), "pg": pair.group}
+            rows.messages.extend(_message_row(stream_id, message, context) for message in stream.messages)
+            decoder = stream.decoder
+            rows.streams[stream_id] = {"protocol": "gloo", "gloo_role": stream.role.value,
+                                       "pair_sequence": stream.sequence_number, "rank": src_rank,
+                                       "peer_rank": dst_rank, "lost_bytes": decoder.lost_bytes,
+                                       "resyncs": decoder.resyncs, "decode_error": decoder.last_resync_reason}
+        for stream_id, (connection, is_client) in self._store.items():
+            rows.streams[stream_id] = {"protocol": "tcpstore", "decode_error": connection.decoder.failed,
+                                       # the connection's lost bytes, counted once, on the client's row
+                                       "lost_bytes": connection.decoder.lost_bytes if is_client else None}
+        gloo_messages = pd.DataFrame(rows.messages)
+        rows.messages.extend(self._store_rows)
+        if not gloo_messages.empty:
+            rows.collectives = frame_rows(collectives.collectives_from_messages(gloo_messages))
+        return rows
+
+    # -- Gloo streams -----------------------------------------------------------------------------
+    def _listeners(self) -> dict[Endpoint, tuple[str, int]]:
+        return {(record.ip, record.port): key for key, record in self._records.items()}
+
+    def _gloo_role(self, key: StreamKey, syn_seen: bool, prefix: bytes) -> Role | bool | None:
+        listeners = self._listeners()
+        if (key[2], key[3]) in listeners:
+            return Role.INITIATOR if syn_seen else Role.UNKNOWN
+        if (key[0], key[1]) in listeners:
+            return Role.LISTENER if syn_seen else Role.UNKNOWN
+        if len(prefix) >= PREAMBLE_BYTES and _is_preamble(prefix, 0):
+            return Role.LISTENER if syn_seen else Role.UNKNOWN
+        if not syn_seen:     # caught mid-connection: claimed if a message starts within the first bytes
+            starts = range(len(prefix) - PREAMBLE_BYTES + 1)
+            return Role.UNKNOWN if any(_is_preamble(prefix, start) for start in starts) else (
+                None if len(prefix) < CLAIM_PREFIX_BYTES else False)
+        if len(prefix) >= CLAIM_PREFIX_BYTES:
+            sequence_number = CONNECT_SEQUENCE.unpack_from(prefix, 0)[0]
+            return Role.INITIATOR if syn_seen and 0 <= sequence_number < MAX_SEQUENCE_NUMBER \
+                and _is_preamble(prefix, CONNECT_SEQUENCE.size) else False
+        return None if _could_be_sequence_or_preamble(prefix) else False
+
+    @staticmethod
+    def _take_gloo_events(stream: _GlooStream, events: list[GlooEvent]) -> None:
+        for event in events:
+            if event.__class__ is GlooMessage:
+                stream.messages.append(event)
+            elif event.__class__ is PairConnect:
+                stream.sequence_number = event.sequence_number
+
+    def _resolve_pairs(self) -> dict[tuple[Endpoint, Endpoint], _Pair]:
+        """Each connection's group and the ranks of its ends, as far as the rendezvous tells.
+
+        The listening end is found by its published address and the connecting end by the sequence number
+        it sent. A connection whose listener was not seen published (the capture lost that part of the
+        rendezvous) belongs to the capture's only group, if it has one, and its ends are the ranks
+        published with their addresses, when each address has one rank."""
+        listeners = self._listeners()
+        groups = {group for group, _ in self._records}
+        sole_group = next(iter(groups)) if len(groups) == 1 else None
+        sequence_numbers: dict[tuple[Endpoint, Endpoint], int] = {}
+        for stream in self._gloo.values():
+            if stream.sequence_number is not None:
+                sequence_numbers[_connection(stream.key)] = stream.sequence_number
+        pairs: dict[tuple[Endpoint, Endpoint], _Pair] = {}
+        for stream in self._gloo.values():
+            connection = _connection(stream.key)
+            if connection in pairs:
+                continue
+            listener = next((end for end in connection if end in listeners), None)
+            if listener is None:
+                ranks = {end: rank for end in connection
+                         if (rank := self._rank_at(sole_group, end[0], exclude=None)) is not None}
+                pairs[connection] = _Pair(sole_group, ranks if len(set(ranks.values())) == len(ranks) else {})
+                continue
+            group, listener_rank = listeners[listener]
+            initiator = connection[0] if connection[1] == listener else connection[1]
+            ranks = {listener: listener_rank}
+            initiator_rank = self._initiator_rank(group, listener_rank, sequence_numbers.get(connection))
+            if initiator_rank is None:
+                initiator_rank = self._rank_at(group, initiator[0], exclude=listener_rank)
+            if initiator_rank is not None:
+                ranks[initiator] = initiator_rank
+            pairs[connection] = _Pair(group, ranks)
+        return pairs
+
+    def _initiator_rank(self, group: str, listener_rank: int, sequence_number: int | None) -> int | None:
+        """The connecting rank: the one whose pair identifier at the listener is the number it sent."""
+        if sequence_number is None:
+            return None
+        pair_ids = self._records[(group, listener_rank)].pair_ids
+        if not pair_ids:                          # ranks used as sequence numbers
+            return sequence_number
+        return pair_ids.index(sequence_number) if pair_ids.count(sequence_number) == 1 else None
+
+    def _rank_at(self, group: str | None, ip: bytes, exclude: int | None) -> int | None:
+        """The only rank of `group` published with address `ip` (other than `exclude`), if there is one."""
+        candidates = [rank for (record_group, rank), record in self._records.items()
+                      if record_group == group and rank != exclude and record.ip == ip]
+        return candidates[0] if len(candidates) == 1 else None
+
+    def _local_node(self, pairs: dict) -> tuple[dict[str | None, int], bytes | None]:
+        """Per group, the rank on every one of its connections (the capturing node), and the address
+        common to every Gloo connection of the capture (the capturing node's, when ranks are unknown)."""
+        group_ranks: dict[str | None, set[int]] = {}
+        for pair in pairs.values():
+            if len(pair.ranks) == 2:
+                ranks = set(pair.ranks.values())
+                group_ranks[pair.group] = group_ranks.get(pair.group, ranks) & ranks
+        local_rank = {group: ranks.pop() for group, ranks in group_ranks.items() if len(ranks) == 1}
+        addresses = None
+        for connection in pairs:
+            ends = {connection[0][0], connection[1][0]}
+            addresses = ends if addresses is None else addresses & ends
+        local_ip = next(iter(addresses)) if addresses and len(addresses) == 1 else None
+        return local_rank, local_ip
+
+    def _world_size(self, group: str | None, pairs: dict) -> int | None:
+        records = [record for (record_group, _), record in self._records.items() if record_group == group]
+        if group is not None and records:
+            pair_counts = {len(record.pair_ids) for record in records if record.pair_ids}
+            if len(pair_counts) == 1:
+                return pair_counts.pop()
+            return max(rank for (record_group, rank) in self._records if record_group == group) + 1
+        # Without the rendezvous: Gloo connects every pair of a group, so the capturing node has k-1 peers.
+        return sum(1 for pair in pairs.values() if pair.group == group) + 1
+
+    # -- TCPStore ---------------------------------------------------------------------------------
+    def _take_exchanges(self, stream_id: int, exchanges: list[tcpstore.StoreExchange]) -> None:
+        for exchange in exchanges:
+            request, response = exchange.request, exchange.response
+            for key, value in _key_values(exchange):
+                group_rank = split_rank_key(key)
+                if group_rank is None:
+                    continue
+                try:
+                    self._records[group_rank] = parse_rank_record(value)
+                except DecodeError:
+                    continue
+            value_bytes = sum(map(len, request.values)) + (sum(map(len, response.values)) if response else 0)
+            self._store_rows.append({
+                "protocol": "tcpstore", "stream_id": stream_id, "ts_first_ns": request.ts_first_ns,
+                "ts_last_ns": response.ts_last_ns if response else request.ts_last_ns,
+                "size_bytes": request.size_bytes, "complete": response is not None or
+                request.query in tcpstore.NO_RESPONSE_QUERIES,
+                "store_query": request.query.name, "store_key": request.keys[0] if request.keys else None,
+                "store_keys": len(request.keys), "value_bytes": value_bytes,
+                "response_bytes": response.size_bytes if response else None,
+                "store_number": response.number if response and response.number is not None else request.number,
+            })
+
+
+def _connection(key: StreamKey) -> tuple[Endpoint, Endpoint]:
+    """Both directions of a TCP connection share this key."""
+    ends = ((key[0], key[1]), (key[2], key[3]))
+    return (ends[0], ends[1]) if ends[0] <= ends[1] else (ends[1], ends[0])
+
+
+def _address(endpoint: Endpoint) -> str:
+    return f"{ip_to_str(endpoint[0])}:{endpoint[1]}"
+
+
+def _key_values(exchange: tcpstore.StoreExchange) -> list[tuple[str, bytes]]:
+    """The (key, value) pairs an exchange shows: values set by the request or returned by the response."""
+    request, response = exchange.request, exchange.response
+    query = request.query
+    if query in (tcpstore.Query.SET, tcpstore.Query.MULTI_SET):
+        return list(zip(request.keys, request.values))
+    if query == tcpstore.Query.COMPARE_SET and response is not None:
+        return [(request.keys[0], response.values[0])]
+    if query in (tcpstore.Query.GET, tcpstore.Query.MULTI_GET) and response is not None:
+        return list(zip(request.keys, response.values))
+    return []
+
+
+def _message_row(stream_id: int, message: GlooMessage, context: dict) -> dict:
+    preamble = message.preamble
+    slot = parse_slot(preamble.slot)
+    kind = slot.kind
+    if kind == P2P and preamble.opcode == Opcode.SEND_BUFFER:
+        kind = None           # gloo's older, buffer-based algorithms: slots numbered per context, no kind
+    return {
+        "protocol": "gloo", "stream_id": stream_id, "ts_first_ns": message.ts_first_ns,
+        "ts_last_ns": message.ts_last_ns, "size_bytes": preamble.nbytes, "complete": message.complete,
+        "opcode": preamble.opcode.name, "slot": preamble.slot, "collective": kind,
+        "seq": slot.tag if kind not in (P2P, None) else None, "tag": slot.tag, "slot_delta": slot.delta,
+        "offset": preamble.offset, "length": preamble.length, "roffset": preamble.roffset,
+        "payload_bytes": preamble.payload_bytes, "missing_bytes": message.missing_bytes, **context,
+    }

@@ -1,0 +1,331 @@
+"""PyTorch's TCPStore protocol (the rendezvous of torch.distributed), decoded sans-IO.
+
+Wire format (torch/csrc/distributed/c10d/TCPStore*.cpp; query numbers checked on captures of torch 2.13,
+whose TCPStoreBackend.hpp lists 0..18). Integers are native (little-endian); a string or byte vector is
+`u64 length` + bytes. A client sends `u8 query` + arguments and, for the queries that have one, reads the
+response before sending the next query, so responses are matched to requests in order:
+
+| query | request arguments | response |
+|---|---|---|
+| 0 VALIDATE | u32 magic 0x3C85F7CE (first on every connection) | none |
+| 1 SET | key, value | none |
+| 2 COMPARE_SET | key, expected value, new value | value |
+| 3 GET | key | value |
+| 4 ADD | key, i64 amount | i64 new value |
+| 5 CHECK | u64 n, n keys | u8 (0 ready, 1 not ready) |
+| 6 WAIT | u64 n, n keys | u8 (0 stop waiting), sent once every key exists |
+| 7 GETNUMKEYS | - | i64 |
+| 8 DELETE_KEY | key | i64 keys deleted |
+| 9 APPEND | key, value | none |
+| 10 MULTI_GET | u64 n, n keys | n values |
+| 11 MULTI_SET | u64 n, n (key, value) | none |
+| 12 CANCEL_WAIT | - | u8 (1 wait canceled) |
+| 13 PING | u32 nonce | u32 nonce |
+| 14 QUEUE_PUSH | key, value | none |
+| 15 QUEUE_POP | key | i64 length, then a value if length > 0 |
+| 16 QUEUE_LEN | key | i64 |
+| 17 LIST_KEYS | - | i64 n, n keys |
+| 18 BARRIER | key, i64 world size | u8 (0 stop waiting) |
+
+`TcpStoreConnection` reads both directions of one client connection and returns `StoreExchange`s (a
+request with its response). A message is decoded once it is whole; messages are small (keys and rank
+addresses), and one beyond `MAX_MESSAGE_BYTES` stops the decoding of its connection, as does lost data.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+from decoders.errors import DecodeError
+
+VALIDATION_MAGIC = 0x3C85F7CE
+MAX_MESSAGE_BYTES = 1 << 26
+MAX_KEYS = 1 << 20
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+class Query(enum.IntEnum):
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    GETNUMKEYS = 7
+    DELETE_KEY = 8
+    APPEND = 9
+    MULTI_GET = 10
+    MULTI_SET = 11
+    CANCEL_WAIT = 12
+    PING = 13
+    QUEUE_PUSH = 14
+    QUEUE_POP = 15
+    QUEUE_LEN = 16
+    LIST_KEYS = 17
+    BARRIER = 18
+
+
+# The first bytes of every client connection: VALIDATE and the magic.
+VALIDATE_PREFIX = _U8.pack(Query.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
+NO_RESPONSE_QUERIES = frozenset((Query.VALIDATE, Query.SET, Query.APPEND, Query.MULTI_SET, Query.QUEUE_PUSH))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRequest:
+    offset: int                      # stream offset of the query byte
+    ts_first_ns: int
+    ts_last_ns: int
+    size_bytes: int
+    query: Query
+    keys: tuple[str, ...]
+    values: tuple[bytes, ...]        # SET, APPEND, QUEUE_PUSH: the value; COMPARE_SET: expected, new;
+    #                                  MULTI_SET: one per key
+    number: int | None               # VALIDATE magic, PING nonce, ADD amount, BARRIER world size
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResponse:
+    offset: int
+    ts_first_ns: int
+    ts_last_ns: int
+    size_bytes: int
+    values: tuple[bytes, ...]        # GET, COMPARE_SET, QUEUE_POP: the value; MULTI_GET: one per key;
+    #                                  LIST_KEYS: the key names
+    number: int | None               # PING nonce, ADD/GETNUMKEYS/DELETE_KEY/QUEUE_LEN result, QUEUE_POP
+    #                                  and LIST_KEYS count, CHECK/WAIT/CANCEL_WAIT/BARRIER status byte
+
+
+@dataclass(frozen=True, slots=True)
+class StoreExchange:
+    request: StoreRequest
+    response: StoreResponse | None   # None: the query has no response, or the capture holds none
+
+
+class _Short(Exception):
+    """The buffer ends inside the message being parsed; args[0]: the bytes the message needs at least."""
+
+
+class _Reader:
+    """Reads one message from a buffer; _Short when the buffer ends first."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytearray, pos: int = 0):
+        self.buf = buf
+        self.pos = pos
+
+    def _take(self, size: int) -> int:
+        start = self.pos
+        if start + size > len(self.buf):
+            if start + size > MAX_MESSAGE_BYTES:
+                raise DecodeError(f"a TCPStore message longer than {MAX_MESSAGE_BYTES} bytes")
+            raise _Short(start + size)
+        self.pos = start + size
+        return start
+
+    def fixed(self, layout: struct.Struct) -> int:
+        return layout.unpack_from(self.buf, self._take(layout.size))[0]
+
+    def vector(self) -> bytes:
+        size = self.fixed(_U64)
+        start = self._take(size)
+        return bytes(self.buf[start:start + size])
+
+    def string(self) -> str:
+        return self.vector().decode("utf-8", "replace")
+
+    def count(self) -> int:
+        n = self.fixed(_U64)
+        if n > MAX_KEYS:
+            raise DecodeError(f"{n} keys in one TCPStore query")
+        return n
+
+
+def _parse_request(reader: _Reader) -> tuple[Query, tuple[str, ...], tuple[bytes, ...], int | None]:
+    code = reader.fixed(_U8)
+    try:
+        query = Query(code)
+    except ValueError:
+        raise DecodeError(f"TCPStore query {code} unknown") from None
+    keys: tuple[str, ...] = ()
+    values: tuple[bytes, ...] = ()
+    number = None
+    if query in (Query.VALIDATE, Query.PING):
+        number = reader.fixed(_U32)
+    elif query in (Query.SET, Query.APPEND, Query.QUEUE_PUSH):
+        keys, values = (reader.string(),), (reader.vector(),)
+    elif query == Query.COMPARE_SET:
+        keys = (reader.string(),)
+        values = (reader.vector(), reader.vector())
+    elif query in (Query.GET, Query.DELETE_KEY, Query.QUEUE_POP, Query.QUEUE_LEN):
+        keys = (reader.string(),)
+    elif query in (Query.ADD, Query.BARRIER):
+        keys = (reader.string(),)
+        number = reader.fixed(_I64)
+    elif query in (Query.CHECK, Query.WAIT, Query.MULTI_GET):
+        keys = tuple(reader.string() for _ in range(reader.count()))
+    elif query == Query.MULTI_SET:
+        pairs = [(reader.string(), reader.vector()) for _ in range(reader.count())]
+        keys = tuple(key for key, _ in pairs)
+        values = tuple(value for _, value in pairs)
+    return query, keys, values, number
+
+
+def _parse_response(reader: _Reader, request: StoreRequest) -> tuple[tuple[bytes, ...], int | None]:
+    query = request.query
+    if query in (Query.GET, Query.COMPARE_SET):
+        return (reader.vector(),), None
+    if query == Query.MULTI_GET:
+        return tuple(reader.vector() for _ in request.keys), None
+    if query == Query.PING:
+        return (), reader.fixed(_U32)
+    if query in (Query.ADD, Query.GETNUMKEYS, Query.DELETE_KEY, Query.QUEUE_LEN):
+        return (), reader.fixed(_I64)
+    if query == Query.QUEUE_POP:
+        length = reader.fixed(_I64)
+        return ((reader.vector(),) if length > 0 else ()), length
+    if query == Query.LIST_KEYS:
+        n = reader.fixed(_I64)
+        if not 0 <= n <= MAX_KEYS:
+            raise DecodeError(f"LIST_KEYS answered with {n} keys")
+        return tuple(reader.vector() for _ in range(n)), n
+    return (), reader.fixed(_U8)           # CHECK, WAIT, CANCEL_WAIT, BARRIER
+
+
+class _Direction:
+    """Bytes of one direction not decoded yet, with the capture time of each chunk."""
+
+    __slots__ = ("buf", "offset", "chunk_ends", "chunk_ts", "need")
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.offset = 0                      # stream offset of buf[0]
+        self.chunk_ends: list[int] = []      # stream offset after each buffered chunk...
+        self.chunk_ts: list[int] = []        # ...and its capture time
+        self.need = 1                        # bytes the buffer must hold before parsing is worth a try
+
+    def append(self, data: bytes | memoryview, ts_ns: int) -> None:
+        self.buf += data
+        self.chunk_ends.append(self.offset + len(self.buf))
+        self.chunk_ts.append(ts_ns)
+
+    def ts_at(self, offset: int) -> int:
+        """Capture time of the chunk holding the byte at stream offset `offset`."""
+        return self.chunk_ts[bisect.bisect_right(self.chunk_ends, offset)]
+
+    def consume(self, size: int) -> tuple[int, int, int]:
+        """Drop a decoded message of `size` bytes; return its offset and first and last chunk times."""
+        start = self.offset
+        times = (self.ts_at(start), self.ts_at(start + size - 1))
+        del self.buf[:size]
+        self.offset += size
+        consumed_chunks = bisect.bisect_right(self.chunk_ends, self.offset)
+        del self.chunk_ends[:consumed_chunks]
+        del self.chunk_ts[:consumed_chunks]
+        self.need = 1
+        return start, times[0], times[1]
+
+    def discard(self) -> int:
+        """Drop every byte held (the rest of the stream cannot be decoded); return how many."""
+        held = len(self.buf)
+        self.offset += held
+        self.buf.clear()
+        self.chunk_ends.clear()
+        self.chunk_ts.clear()
+        self.need = 1
+        return held
+
+
+class TcpStoreConnection:
+    """Both directions of one TCPStore client connection (sans-IO).
+
+    Public state: `failed` (why decoding stopped, or None), `lost_bytes` (bytes not decoded).
+    """
+
+    def __init__(self):
+        self.failed: str | None = None
+        self.lost_bytes = 0
+        self._validated = False
+        self._requests = _Direction()
+        self._responses = _Direction()
+        self._awaiting: deque[StoreRequest] = deque()
+
+    def receive_request_data(self, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
+        return self._receive(self._requests, data, ts_ns)
+
+    def receive_response_data(self, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
+        return self._receive(self._responses, data, ts_ns)
+
+    def receive_gap(self, size: int, ts_ns: int) -> list[StoreExchange]:
+        """Bytes of either direction lost: requests and responses can no longer be told apart."""
+        self.lost_bytes += size
+        return self._fail(f"{size} bytes lost by the capture")
+
+    def receive_end(self, ts_ns: int) -> list[StoreExchange]:
+        """The connection ended: requests still waiting are reported without a response."""
+        exchanges = [StoreExchange(request, None) for request in self._awaiting]
+        self._awaiting.clear()
+        self.lost_bytes += self._requests.discard() + self._responses.discard()
+        return exchanges
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def _receive(self, direction: _Direction, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
+        if self.failed is not None:
+            self.lost_bytes += len(data)
+            return []
+        direction.append(data, ts_ns)
+        if len(direction.buf) < direction.need:
+            return []
+        exchanges: list[StoreExchange] = []
+        try:
+            self._decode(exchanges)
+        except DecodeError as exc:
+            exchanges += self._fail(str(exc))
+        return exchanges
+
+    def _decode(self, exchanges: list[StoreExchange]) -> None:
+        requests, responses = self._requests, self._responses
+        progress = True
+        while progress:
+            progress = False
+            if requests.buf and len(requests.buf) >= requests.need:
+                reader = _Reader(requests.buf)
+                try:
+                    query, keys, values, number = _parse_request(reader)
+                except _Short as short:
+                    requests.need = short.args[0]
+                else:
+                    if not self._validated and (query != Query.VALIDATE or number != VALIDATION_MAGIC):
+                        raise DecodeError(f"connection starts with {query.name}, not VALIDATE + magic")
+                    self._validated = True
+                    offset, first_ns, last_ns = requests.consume(reader.pos)
+                    request = StoreRequest(offset, first_ns, last_ns, reader.pos, query, keys, values, number)
+                    if query in NO_RESPONSE_QUERIES:
+                        exchanges.append(StoreExchange(request, None))
+                    else:
+                        self._awaiting.append(request)
+                    progress = True
+            if responses.buf and len(responses.buf) >= responses.need and self._awaiting:
+                reader = _Reader(responses.buf)
+                try:
+                    values, number = _parse_response(reader, self._awaiting[0])
+                except _Short as short:
+                    responses.need = short.args[0]
+                else:
+                    offset, first_ns, last_ns = responses.consume(reader.pos)
+                    response = StoreResponse(offset, first_ns, last_ns, reader.pos, values, number)
+                    exchanges.append(StoreExchange(self._awaiting.popleft(), response))
+                    progress = True
+
+    def _fail(self, reason: str) -> list[StoreExchange]:
+        if self.failed is None:
+            self.failed = reason
+        return self.receive_end(0)
