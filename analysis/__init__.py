@@ -9,15 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
+from analysis.latency import JobStats, job_statistics
 from analysis.load import AnalysisError, Dataset, load_dataset
+from analysis.merge import JobView, job_view, load_job_view, write_job_view
 from analysis.operations import OPERATIONS, Trace, build_records
 from analysis.report import write_report
 from analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
-    "DLC_HEADER", "OPERATIONS", "AnalysisError", "Dataset", "DlcFile", "Stats", "Trace", "build_records",
-    "compute_stats", "dlc_table", "headline", "load_dataset", "read_dlc", "summary_json", "trace_of", "write_dlc",
-    "write_dlc_traces", "write_html_report", "write_report", "write_statistics", "write_stats",
+    "DLC_HEADER", "OPERATIONS", "AnalysisError", "Dataset", "DlcFile", "JobStats", "JobView", "Stats", "Trace",
+    "build_records", "compute_stats", "dlc_table", "headline", "job_statistics", "job_view", "load_dataset",
+    "load_job_view", "read_dlc", "summary_json", "trace_of", "write_dlc", "write_dlc_traces", "write_html_report",
+    "write_job_view", "write_report", "write_statistics", "write_stats",
 ]
 
 
@@ -32,8 +35,9 @@ def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace
 
 
 def write_statistics(decode_dir: str | Path, out_dir: str | Path) -> Stats:
-    """`dlcsniff stats`: the statistics tables (Parquet) and summary.json of the decoded job."""
-    stats = compute_stats(trace_of(decode_dir), source=str(decode_dir))
+    """`dlcsniff stats`: the statistics tables (Parquet) and summary.json of the decoded job, with the
+    merged view's (requests, in flight, connections, key updates; analysis.latency)."""
+    stats = compute_stats(trace_of(decode_dir), source=str(decode_dir), job=job_statistics(decode_dir))
     write_stats(stats, out_dir)
     return stats
 

@@ -1,16 +1,21 @@
 """The edge of analysis/: read a `dlcsniff decode` output directory into DataFrames.
 
 Only the scalar columns the analysis needs are read (list columns such as `keys` cost more to load than all
-the statistics cost to compute).
+the statistics cost to compute). When the directory holds clocks.parquet (see analysis.merge), every
+message's times are put on the job's one timeline, the reference capture's clock; each capture's own
+reading stays in capture_ts_first_ns / capture_ts_last_ns.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from analysis.clocks import CLOCK_COLUMNS, align
 
 
 class AnalysisError(Exception):
@@ -32,6 +37,7 @@ class Dataset:
     messages: pd.DataFrame
     nodes: pd.DataFrame
     source: str
+    clocks: pd.DataFrame | None = None     # clocks.parquet, when the messages' times were aligned with it
 
 
 def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -51,10 +57,17 @@ def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def load_dataset(decode_dir: str | Path) -> Dataset:
-    """Read DIR/messages.parquet and DIR/nodes.parquet (the output of `dlcsniff decode DIR`)."""
+    """Read DIR/messages.parquet and DIR/nodes.parquet (the output of `dlcsniff decode DIR`), on the job's
+    one timeline when DIR/clocks.parquet is there."""
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
     messages = _read(decode_dir / "messages.parquet", MESSAGE_COLUMNS)
     nodes = _read(decode_dir / "nodes.parquet", NODE_COLUMNS)
-    return Dataset(messages=messages, nodes=nodes, source=str(decode_dir))
+    clocks = None
+    if (decode_dir / "clocks.parquet").exists():
+        clocks = _read(decode_dir / "clocks.parquet", CLOCK_COLUMNS)
+        for column in ("ts_first_ns", "ts_last_ns"):
+            messages[f"capture_{column}"] = messages[column]
+            messages[column] = align(messages[column], messages["capture"], clocks).to_numpy(np.int64)
+    return Dataset(messages=messages, nodes=nodes, source=str(decode_dir), clocks=clocks)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,9 @@ from analysis.load import AnalysisError
 from analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
 from analysis.overheads import key_overheads
 from analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
+
+if TYPE_CHECKING:
+    from analysis.latency import JobStats
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",
@@ -30,10 +34,11 @@ class Stats:
     volume_iterations: pd.DataFrame
     volume_keys: pd.DataFrame
     summary: dict
+    job_tables: dict[str, pd.DataFrame] = field(default_factory=dict)   # the merged view's (analysis.latency)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"iterations": self.iterations, "keys": self.keys, "sizes": self.sizes, "traffic": self.traffic,
-                "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys}
+                "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys, **self.job_tables}
 
 
 def describe(values: pd.Series | np.ndarray) -> dict | None:
@@ -88,8 +93,9 @@ def _summary(trace: Trace, iterations: pd.DataFrame, keys: pd.DataFrame, sizes: 
     }
 
 
-def compute_stats(trace: Trace, source: str | None = None) -> Stats:
-    """Every statistic of the issue (iterations, per-key overheads, the pattern) and their summary."""
+def compute_stats(trace: Trace, source: str | None = None, job: JobStats | None = None) -> Stats:
+    """Every statistic of the issue (iterations, per-key overheads, the pattern) and their summary; with
+    `job` (analysis.latency.job_statistics), the merged view's tables and summary sections too."""
     iterations = worker_iterations(trace)
     keys = key_overheads(trace)
     sizes = message_sizes(trace)
@@ -98,8 +104,11 @@ def compute_stats(trace: Trace, source: str | None = None) -> Stats:
     volume_keys = volume_per_key(trace)
     summary = _summary(trace, iterations, keys, sizes, traffic, volume_iterations, volume_keys)
     summary["source"] = source
+    if job is not None:
+        summary.update(job.summary)
     return Stats(iterations=iterations, keys=keys, sizes=sizes, traffic=traffic,
-                 volume_iterations=volume_iterations, volume_keys=volume_keys, summary=summary)
+                 volume_iterations=volume_iterations, volume_keys=volume_keys, summary=summary,
+                 job_tables=job.tables() if job is not None else {})
 
 
 def _json_value(value):

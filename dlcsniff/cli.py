@@ -86,8 +86,16 @@ def decode(
         write_dataset(dataset.tables, out_dir)
     except OSError as exc:
         _fail(f"cannot write to {out_dir}: {exc.strerror or exc}")
+    from analysis import AnalysisError, write_job_view
+    try:
+        # One timeline for the job: a message seen at both ends becomes one event (events.parquet), and
+        # every capture's clock is aligned to a reference capture (clocks.parquet).
+        job = write_job_view(out_dir)
+    except AnalysisError as exc:
+        _fail(str(exc))
     summary = dataset.summary
     summary["out"] = str(out_dir)
+    summary["job_view"] = job
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
@@ -126,7 +134,15 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
         for (snd, rcv, k), row in grouped.iterrows():
             kinds.add_row(str(snd), str(rcv), k, f"{row['messages']:,}", f"{row['bytes']:,}", f"{row['tensors']:,}")
         out.print(kinds)
-    out.print(f"wrote {', '.join(f'{n}.parquet' for n in tables)} to {summary['out']}")
+    job = summary["job_view"]
+    if job["events"]:
+        losses = job["losses"]
+        out.print(f"job view: {job['events']:,} events from {losses['observations']:,} observations "
+                  f"({losses['events_seen_at_both_ends']:,} seen at both ends); clocks aligned to "
+                  f"{job['reference']}: " + ", ".join(
+                      f"{c['capture']} {c['offset_ns'] / 1000:+.1f} µs ±{c['error_bound_ns'] / 1000:.1f}"
+                      for c in job["clocks"] if c["aligned"] and c["capture"] != job["reference"]))
+    out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*tables, 'events', 'clocks'))} to {summary['out']}")
 
 
 # --- analysis (issue 3): DLC traces, SketchDLC statistics, the HTML report ---------------------------------

@@ -267,7 +267,8 @@ def test_cli_stats_dlc_and_a_self_contained_report(decoded, tmp_path):
     assert summary["volume"]["row_sparse_push_bytes"] > 0
     written = {path.name for path in (tmp_path / "stats").iterdir()}
     assert written == {"iterations.parquet", "keys.parquet", "sizes.parquet", "traffic.parquet",
-                       "volume_iterations.parquet", "volume_keys.parquet", "summary.json"}
+                       "volume_iterations.parquet", "volume_keys.parquet", "requests.parquet",
+                       "in_flight.parquet", "connections.parquet", "key_updates.parquet", "summary.json"}
     assert tuple(pd.read_parquet(tmp_path / "stats" / "iterations.parquet").columns) == ITERATION_COLUMNS
     table = runner.invoke(app, ["stats", str(decode_dir), "--out", str(tmp_path / "stats")])
     assert table.exit_code == 0 and "mean overlap ratio" in table.stdout

@@ -1,0 +1,270 @@
+"""Clock offset and drift between captures, from messages seen at both ends (minimum-delay estimation).
+
+Each capture timestamps with its own clock. A message sent from capture A's host and received at capture B's
+gives a one-way "delay" d_AB = recv_ts_B - send_ts_A = transit + theta, theta = clock_B - clock_A. Transits
+are never negative, so theta(t) <= every d_AB and theta(t) >= every -d_BA (messages the other way): the lower
+envelope (lower convex hull) of each direction's delays over time bounds the clock difference from one side.
+As in NTP and in passive one-way-delay measurement (Moon, Skelly & Towsley 1999; Zhang, Liu & Xia 2002),
+with a linear clock model theta(t) = theta0 + s * t (offset and drift):
+
+    theta(t) = (hull_AB(t) - hull_BA(t)) / 2          error bound(t) = (hull_AB(t) + hull_BA(t)) / 2
+
+where hull_AB and hull_BA are support lines of the two hulls, hull_AB with slope s and hull_BA with slope -s
+(the drift shows with opposite signs in the two directions); s is chosen to maximise the half-sum, i.e. the
+minimum round trip. That line theta(t) is the one as far from both envelopes as possible: every sample's
+aligned one-way delay is at least that half-sum, so aligned transits are never negative when the data admit
+a linear clock at all (a pair that does not is flagged `consistent` false). The error bound reported is
+rigorous for a linear clock: with S the interval of slopes the samples allow, the true theta(t) lies below
+the highest value at t of hull_AB's support lines with slopes in S, and above minus the same for hull_BA;
+the distance from the estimate is convex in t, so its maximum over the time the samples span, and the two
+captures' own spans when known, is at one end. Both the first and the last byte of each message are samples
+(each is the same packet at both ends, so each is a valid one-way delay). Capture timestamps' own
+resolution (a microsecond for pcap) comes on top.
+
+Every capture is then aligned to one reference (the scheduler's capture if there is one, else the first)
+along the shortest-path tree over the pairs weighted by their bounds, composing the pairs' affine maps;
+bounds add up along the path. In clocks.parquet (CLOCK_COLUMNS):
+
+    aligned_ns = ts_ns + offset_ns + round(drift_ppm * 1e-6 * (ts_ns - epoch_ns))
+
+with one epoch_ns for the whole table. Both offset_ns and drift_ppm are corrections (added): a capture whose
+clock runs 20 ppm fast gets drift_ppm ~ -20. A capture linked to the reference by no pair with samples in
+both directions keeps its own clock (offset 0, drift 0, error_bound_ns null, aligned false).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+CLOCK_COLUMNS = ("capture", "reference", "aligned", "via", "offset_ns", "drift_ppm", "epoch_ns", "error_bound_ns",
+                 "consistent", "messages_used", "samples_from_via", "samples_to_via")
+SAMPLE_COLUMNS = ("send_capture", "send_ts_ns", "recv_capture", "recv_ts_ns")
+MAX_DRIFT_PPM = 1000.0        # a clock off by more than 0.1 % is broken; no fit goes beyond
+BISECTION_STEPS = 48          # the slope to ~1e-17: a tenth of a nanosecond over a day
+TIE_NS = 1.0                  # points within a nanosecond of the envelope count as on it
+BUCKET_NS = 1_000_000         # the thinning of samples (see Envelopes.of)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelopes:
+    """Sums of lower envelopes, one sum per group: F_g(s) = sum over the parts p of group g of
+    min over the samples i of part p of (y_i - s * z_i), for slopes |s| <= the max_slope it was made for.
+    Each F_g is concave in s. Samples are sorted by part; every part has samples."""
+
+    starts: np.ndarray          # per part: its first sample
+    sizes: np.ndarray           # per part: its number of samples
+    group: np.ndarray           # per part: its group
+    z: np.ndarray
+    y: np.ndarray
+    groups: int
+
+    @classmethod
+    def of(cls, part: np.ndarray, group: np.ndarray, z: np.ndarray, y: np.ndarray, groups: int,
+           max_slope: float) -> Envelopes:
+        """From unsorted samples. A sample more than max_slope * BUCKET_NS above the lowest of its part
+        within the same BUCKET_NS of z is never the lowest at an allowed slope: it is dropped (a busy
+        capture has thousands of messages per bucket)."""
+        bucket = np.floor(z / BUCKET_NS).astype(np.int64)
+        order = np.lexsort([bucket, part])
+        part, bucket, z, y = part[order], bucket[order], z[order], y[order]
+        new_bucket = np.diff(part, prepend=-1) != 0
+        new_bucket[1:] |= np.diff(bucket) != 0
+        floor = np.minimum.reduceat(y, np.flatnonzero(new_bucket))
+        keep = y <= floor[np.cumsum(new_bucket) - 1] + max_slope * BUCKET_NS + TIE_NS
+        part, z, y = part[keep], z[keep], y[keep]
+        starts = np.flatnonzero(np.diff(part, prepend=-1) != 0)
+        return cls(starts=starts, sizes=np.diff(np.append(starts, len(part))), group=group, z=z, y=y, groups=groups)
+
+    def at(self, slope: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """F_g(slope_g), and the ends of its supergradient interval (-sum of the lowest points' z)."""
+        height = self.y - np.repeat(slope[self.group], self.sizes) * self.z
+        lowest = np.minimum.reduceat(height, self.starts)
+        on = height <= np.repeat(lowest, self.sizes) + TIE_NS
+        z_min = np.minimum.reduceat(np.where(on, self.z, np.inf), self.starts)
+        z_max = np.maximum.reduceat(np.where(on, self.z, -np.inf), self.starts)
+        per_group = lambda v: np.bincount(self.group, weights=v, minlength=self.groups)  # noqa: E731
+        return per_group(lowest), -per_group(z_max), -per_group(z_min)
+
+    def maximise(self, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(slope, F) at the maximum of each F_g over [low_g, high_g], by bisection on the supergradient."""
+        low, high = low.astype(np.float64).copy(), high.astype(np.float64).copy()
+        for _ in range(BISECTION_STEPS):
+            slope = (low + high) / 2
+            _, rising_least, rising_most = self.at(slope)
+            low = np.where(rising_least > 0, slope, np.where(rising_most < 0, low, slope))
+            high = np.where(rising_most < 0, slope, np.where(rising_least > 0, high, slope))
+        slope = (low + high) / 2
+        return slope, self.at(slope)[0]
+
+    def crossing(self, inside: np.ndarray, outside: np.ndarray) -> np.ndarray:
+        """Per group, where F_g falls to zero between a slope where F_g >= 0 and one where F_g < 0."""
+        inside, outside = inside.astype(np.float64).copy(), outside.astype(np.float64).copy()
+        for _ in range(BISECTION_STEPS):
+            slope = (inside + outside) / 2
+            positive = self.at(slope)[0] >= 0
+            inside = np.where(positive, slope, inside)
+            outside = np.where(positive, outside, slope)
+        return inside
+
+
+def pair_clocks(samples: pd.DataFrame, epoch_ns: int, spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per unordered pair of captures (a < b by name) that exchanged messages both ways: the clock
+    difference theta = clock_b - clock_a = theta0_ns + slope * (t_a - epoch_ns), its error bound, whether
+    a linear clock fits every sample (`consistent`), and the samples per direction. `samples` has
+    SAMPLE_COLUMNS: one row per one-way delay. The bound holds over the samples' time span and over both
+    captures' `spans` (capture → first_ns, last_ns, each on its own clock) when given."""
+    # captures as codes in name order, so that "a < b" compares codes
+    codes, names = pd.factorize(pd.concat([samples["send_capture"], samples["recv_capture"]]).astype(str), sort=True)
+    send, recv = codes[:len(samples)], codes[len(samples):]
+    between = send != recv
+    send, recv = send[between], recv[between]
+    send_ts = samples["send_ts_ns"].to_numpy(np.int64)[between]
+    recv_ts = samples["recv_ts_ns"].to_numpy(np.int64)[between]
+    forward = send < recv
+    unordered = np.where(forward, send, recv) * len(names) + np.where(forward, recv, send)
+    # only pairs with messages both ways bound the clock difference from both sides
+    ways = np.zeros((len(names) ** 2, 2), dtype=np.int64)
+    np.add.at(ways, (unordered, forward.astype(np.int64)), 1)
+    keep = (ways[unordered] > 0).all(axis=1)
+    pair, pair_ids = pd.factorize(unordered[keep], sort=True)
+    pairs = len(pair_ids)
+    forward = forward[keep]
+    # time on a's clock; delay in the direction of travel
+    x = (np.where(forward, send_ts[keep], recv_ts[keep]) - epoch_ns).astype(np.float64)
+    delay = (recv_ts[keep] - send_ts[keep]).astype(np.float64)
+    direction = pair * 2 + ~forward                      # part: (pair, direction)
+    # min(d_AB - s x) + min(d_BA + s x): twice the smallest aligned one-way delay with slope s
+    max_slope = np.full(pairs, MAX_DRIFT_PPM * 1e-6)
+    band = Envelopes.of(direction, np.arange(2 * pairs) // 2, np.where(forward, x, -x), delay, pairs,
+                        MAX_DRIFT_PPM * 1e-6)
+    slope, width = band.maximise(-max_slope, max_slope)
+    consistent = width >= 0
+    low = np.where(consistent & (band.at(-max_slope)[0] < 0), band.crossing(slope, -max_slope), -max_slope)
+    high = np.where(consistent & (band.at(max_slope)[0] < 0), band.crossing(slope, max_slope), max_slope)
+    low, high = np.where(consistent, low, slope), np.where(consistent, high, slope)
+    lowest = np.full(2 * pairs, np.inf)
+    np.minimum.at(lowest, direction, delay - slope[pair] * np.where(forward, x, -x))
+    upper, lower = lowest[0::2], -lowest[1::2]                   # theta0 lies in [lower, upper]
+    theta0 = (upper + lower) / 2
+    x_lo, x_hi = np.full(pairs, np.inf), np.full(pairs, -np.inf)
+    np.minimum.at(x_lo, pair, x)
+    np.maximum.at(x_hi, pair, x)
+    if spans is not None:
+        known = spans.set_index(spans["capture"].astype(str)).reindex(np.asarray(names, dtype=object))
+        first = known["first_ns"].to_numpy(np.float64) - epoch_ns
+        last = known["last_ns"].to_numpy(np.float64) - epoch_ns
+        a, b = pair_ids // len(names), pair_ids % len(names)
+        # b's span read on a's clock: minus theta (its slope's share over a span is second order)
+        x_lo = np.fmin(x_lo, np.fmin(first[a], first[b] - theta0 - slope * first[b]))
+        x_hi = np.fmax(x_hi, np.fmax(last[a], last[b] - theta0 - slope * last[b]))
+    bound = np.zeros(pairs)
+    for end in (x_lo, x_hi):
+        # the highest theta(end) any allowed slope permits (hull_AB) and the lowest (minus hull_BA)
+        at_end = x - end[pair]
+        hull = Envelopes.of(direction, np.arange(2 * pairs), np.where(forward, at_end, -at_end), delay, 2 * pairs,
+                            MAX_DRIFT_PPM * 1e-6)
+        _, support = hull.maximise(np.repeat(low, 2), np.repeat(high, 2))
+        estimate = theta0 + slope * end
+        bound = np.fmax(bound, np.fmax(support[0::2] - estimate, estimate + support[1::2]))
+    bound = np.where(consistent, bound, np.abs(width) / 2)
+    return pd.DataFrame({
+        "a": np.asarray(names, dtype=object)[pair_ids // len(names)],
+        "b": np.asarray(names, dtype=object)[pair_ids % len(names)],
+        "theta0_ns": theta0, "slope": slope, "error_bound_ns": bound, "consistent": consistent,
+        "samples_ab": np.bincount(pair[forward], minlength=pairs),
+        "samples_ba": np.bincount(pair[~forward], minlength=pairs),
+    })
+
+
+def _shortest_path_tree(pairs: pd.DataFrame, reference: str) -> dict[str, tuple[str, int]]:
+    """capture → (its parent towards the reference, row of the pair linking them), minimising the summed
+    error bounds (Dijkstra over captures: as many steps as captures, not messages)."""
+    links: dict[str, list[tuple[float, str, int]]] = {}
+    for row, (a, b, bound) in enumerate(zip(pairs["a"], pairs["b"], pairs["error_bound_ns"])):
+        links.setdefault(a, []).append((bound, b, row))
+        links.setdefault(b, []).append((bound, a, row))
+    best = {reference: 0.0}
+    parent: dict[str, tuple[str, int]] = {}
+    queue = [(0.0, reference)]
+    while queue:
+        distance, capture = heapq.heappop(queue)
+        if distance > best[capture]:
+            continue
+        for bound, other, row in links.get(capture, ()):
+            if distance + bound < best.get(other, np.inf):
+                best[other] = distance + bound
+                parent[other] = (capture, row)
+                heapq.heappush(queue, (distance + bound, other))
+    return parent
+
+
+def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str | None = None,
+                    spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """clocks.parquet: how to align every capture in `captures` with the reference (CLOCK_COLUMNS).
+
+    The reference defaults to the first capture. `spans` (capture, first_ns, last_ns: each capture's first
+    and last timestamp) widens the time over which the bounds hold from the samples' to the captures'.
+    Affine maps are kept relative to epoch_ns (the earliest sample time), so float64 keeps sub-nanosecond
+    precision whatever the absolute times."""
+    captures = [str(c) for c in captures]
+    reference = captures[0] if reference is None else reference
+    times = samples[["send_ts_ns", "recv_ts_ns"]].to_numpy(np.int64)
+    epoch_ns = int(times.min()) if len(samples) else 0
+    pairs = pair_clocks(samples, epoch_ns, spans)
+    parent = _shortest_path_tree(pairs, reference)
+    # map to the reference: aligned - E = m * (ts - E) + k; with the summed bound and the edges' consistency
+    maps: dict[str, tuple[float, float, float, bool]] = {reference: (1.0, 0.0, 0.0, True)}
+
+    def resolve(capture: str) -> tuple[float, float, float, bool]:
+        if capture not in maps:
+            up, row = parent[capture]
+            m_up, k_up, bound_up, consistent_up = resolve(up)
+            pair = pairs.iloc[row]
+            theta0, slope = float(pair["theta0_ns"]), float(pair["slope"])
+            # pair: clock_b - clock_a = theta0 + slope * (t_a - E); the map capture → up
+            if capture == pair["b"]:
+                m, k = 1.0 / (1.0 + slope), -theta0 / (1.0 + slope)
+            else:
+                m, k = 1.0 + slope, theta0
+            maps[capture] = (m_up * m, m_up * k + k_up, bound_up + float(pair["error_bound_ns"]),
+                             consistent_up and bool(pair["consistent"]))
+        return maps[capture]
+
+    rows = []
+    for capture in captures:
+        linked = capture == reference or capture in parent
+        m, k, bound, consistent = resolve(capture) if linked else (1.0, 0.0, np.nan, False)
+        via, used = (None, (0, 0)) if capture not in parent else (parent[capture][0], _samples_via(
+            pairs.iloc[parent[capture][1]], capture))
+        rows.append({"capture": capture, "reference": reference, "aligned": linked, "via": via,
+                     "offset_ns": int(round(k)), "drift_ppm": (m - 1.0) * 1e6, "epoch_ns": epoch_ns,
+                     "error_bound_ns": bound, "consistent": consistent, "messages_used": (used[0] + used[1]) // 2,
+                     "samples_from_via": used[0], "samples_to_via": used[1]})
+    table = pd.DataFrame(rows, columns=list(CLOCK_COLUMNS))
+    table["error_bound_ns"] = table["error_bound_ns"].round().astype("Int64")
+    return table
+
+
+def _samples_via(pair: pd.Series, capture: str) -> tuple[int, int]:
+    """(samples from the parent to `capture`, samples from `capture` to the parent)."""
+    if capture == pair["b"]:
+        return int(pair["samples_ab"]), int(pair["samples_ba"])
+    return int(pair["samples_ba"]), int(pair["samples_ab"])
+
+
+def align(ts_ns: np.ndarray | pd.Series, capture: np.ndarray | pd.Series,
+          clocks: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """Times on the reference clock (nullable Int64 ns): each row's `ts_ns` read with its `capture`'s clock.
+    Null times stay null; a capture the table does not know keeps its own clock."""
+    ts = pd.array(ts_ns, dtype="Int64")
+    table = clocks.set_index("capture")
+    names = pd.Series(capture, dtype=object).astype(str).to_numpy()
+    offset = table["offset_ns"].reindex(names).fillna(0).to_numpy(np.int64)
+    drift = table["drift_ppm"].reindex(names).fillna(0.0).to_numpy(np.float64)
+    epoch = int(table["epoch_ns"].iloc[0]) if len(table) else 0
+    raw = ts.to_numpy(dtype=np.int64, na_value=epoch)
+    shifted = raw + offset + np.rint(drift * 1e-6 * (raw - epoch).astype(np.float64)).astype(np.int64)
+    return pd.arrays.IntegerArray(shifted, ts.isna().copy())

@@ -1,0 +1,191 @@
+"""One timeline for a job: every message once, with what each capture saw of it, on the reference clock.
+
+`dlcsniff decode` of several captures of one job lists a message once per capture that saw it: at its
+sender's and at its receiver's. Here the observations of one message become one event:
+
+- Observations are the same message when they travel on the same TCP connection (its address 4-tuple is the
+  same at both ends) with the same ps-lite identity (request/push/pull/simple_app flags, timestamp, app,
+  customer, control command, head), and are the n-th such message on it in each capture.
+- An observation is the send side when its capture is the sender's own capture (see
+  `analysis.operations.vantage_points`), the receive side when it is the receiver's (a node's message to
+  itself: both), and an observer's otherwise. Should a side be seen twice, its first sighting counts.
+- Clocks (analysis.clocks) are estimated from the events seen at both ends: the first byte of every such
+  message, and its last byte when both ends saw it whole.
+
+events.parquet (EVENT_COLUMNS), one row per message of the job:
+- its fields, from the send side's observation, else the receive side's, else an observer's (message_row:
+  that observation's row in messages.parquet); `complete`: every capture that saw it saw it whole;
+- send_capture, send_first_ns, send_last_ns and recv_capture, recv_first_ns, recv_last_ns: where and when
+  each end saw it, in that capture's own clock; observer_capture; observations (how many captures saw it);
+- the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
+  byte seen) and ts_last_ns (last byte received, else last byte seen), aligned; transit_ns = last byte
+  received - last byte sent, aligned, when both ends saw it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
+from analysis.load import AnalysisError, _read
+from analysis.operations import SCHEDULER_ID, vantage_points
+
+IDENTITY = ("request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id", "control_cmd", "head")
+ATTRIBUTES = ("sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull", "simple_app",
+              "ps_timestamp", "head", "app_id", "customer_id", "control_cmd", "size_bytes", "tensor_key",
+              "server_rank", "req_type", "dtype", "rows", "simple_app_cmd", "barrier_group", "flavor", "complete")
+MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns") + ATTRIBUTES
+STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port")
+SIDES = ("send", "recv")
+EVENT_COLUMNS = (("event_id", "connection", "message_row") + ATTRIBUTES + (
+    "send_capture", "send_first_ns", "send_last_ns", "recv_capture", "recv_first_ns", "recv_last_ns",
+    "observer_capture", "observations", "send_first_aligned_ns", "send_last_aligned_ns", "recv_first_aligned_ns",
+    "recv_last_aligned_ns", "ts_first_ns", "ts_last_ns", "transit_ns"))
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """The job's messages, each once (EVENT_COLUMNS), and the clocks that put them on one timeline."""
+
+    events: pd.DataFrame
+    clocks: pd.DataFrame
+    losses: dict[str, int] = field(default_factory=dict)
+
+
+def connection_names(streams: pd.DataFrame) -> pd.Series:
+    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), the same in every capture that saw it."""
+    return (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
+            + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
+
+
+def observations(messages: pd.DataFrame, streams: pd.DataFrame) -> pd.DataFrame:
+    """The messages (one row per capture that saw each), sorted by time, with `connection`, the `event_id`
+    shared by the observations of one message, and whether each is the send / receive side's."""
+    names = pd.DataFrame({"capture": streams["capture"].astype(str).to_numpy(),
+                          "flow_id": streams["flow_id"].to_numpy(np.int64),
+                          "connection": connection_names(streams).to_numpy()})
+    obs = messages.assign(capture=messages["capture"].astype(str), message_row=np.arange(len(messages))).merge(
+        names, on=["capture", "flow_id"], how="left")
+    # a stream the streams table does not list is its own connection (never merged with another capture's)
+    obs["connection"] = obs["connection"].fillna(obs["capture"] + "#" + obs["flow_id"].astype(str))
+    obs = obs.sort_values(["ts_first_ns", "ts_last_ns"], kind="stable", ignore_index=True)
+    # nullable from here on: reindexing a plain int64 column would go through float64 and lose nanoseconds
+    obs[["ts_first_ns", "ts_last_ns"]] = obs[["ts_first_ns", "ts_last_ns"]].astype("Int64")
+    identity = ["connection", *IDENTITY]
+    obs["occurrence"] = obs.groupby(["capture", *identity], dropna=False, sort=False).cumcount()
+    # numbered in key order, not time order: the same message gets the same id whatever the clocks say
+    obs["event_id"] = obs.groupby([*identity, "occurrence"], dropna=False, sort=True).ngroup().astype(np.int64)
+    own = vantage_points(messages)
+    own = own[own["own"]]
+    own_keys = pd.MultiIndex.from_arrays([own["node_id"].to_numpy(np.int64), own["capture"].to_numpy(object)])
+    for side, node in (("send", "sender_id"), ("recv", "recver_id")):
+        keys = pd.MultiIndex.from_arrays([obs[node].fillna(-1).to_numpy(np.int64), obs["capture"].to_numpy(object)])
+        obs[f"{side}_side"] = keys.isin(own_keys)
+    return obs
+
+
+def delay_samples(events: pd.DataFrame) -> pd.DataFrame:
+    """One-way delay samples (clocks.SAMPLE_COLUMNS) of the events seen at both ends in two captures: the
+    first byte always, the last byte when both ends saw the whole message."""
+    both = events[events["send_capture"].notna() & events["recv_capture"].notna()
+                  & (events["send_capture"].astype(str) != events["recv_capture"].astype(str))]
+    whole = both[both["complete"].to_numpy(bool)]
+    frames = [pd.DataFrame({"send_capture": part["send_capture"].astype(str).to_numpy(),
+                            "send_ts_ns": part[f"send_{edge}_ns"].to_numpy(np.int64),
+                            "recv_capture": part["recv_capture"].astype(str).to_numpy(),
+                            "recv_ts_ns": part[f"recv_{edge}_ns"].to_numpy(np.int64)})
+              for part, edge in ((both, "first"), (whole, "last"))]
+    return pd.concat(frames, ignore_index=True)[list(SAMPLE_COLUMNS)]
+
+
+def _reference_capture(obs: pd.DataFrame, captures: list[str]) -> str:
+    """The scheduler's own capture if there is one, else the first capture by name."""
+    scheduler = obs.loc[obs["send_side"] & (obs["sender_id"] == SCHEDULER_ID), "capture"]
+    return str(scheduler.iloc[0]) if len(scheduler) else captures[0]
+
+
+def job_view(messages: pd.DataFrame, streams: pd.DataFrame) -> JobView:
+    """Merge the captures' observations into events, estimate the clocks, align (see the module doc).
+    Events come in time order (aligned ts_first_ns); event_id depends only on what the messages are."""
+    if len(messages) == 0:     # e.g. captures of other protocols: nothing to merge, nothing to align
+        return JobView(events=pd.DataFrame(columns=list(EVENT_COLUMNS)),
+                       clocks=pd.DataFrame(columns=list(CLOCK_COLUMNS)), losses={"observations": 0, "events": 0})
+    obs = observations(messages, streams)
+    n_events = int(obs["event_id"].max()) + 1
+    sides = {side: obs[obs[f"{side}_side"]].drop_duplicates("event_id").set_index("event_id")   # time order
+             for side in SIDES}
+    observer = obs[~obs["send_side"] & ~obs["recv_side"]].drop_duplicates("event_id").set_index("event_id")
+    # the fields from the send side, else the receive side, else an observer
+    preference = np.select([obs["send_side"].to_numpy(), obs["recv_side"].to_numpy()], [0, 1], 2)
+    order = np.lexsort([preference, obs["event_id"].to_numpy()])
+    source = obs.iloc[order].drop_duplicates("event_id").set_index("event_id")
+    ids = np.arange(n_events)
+    events = source.reindex(ids)[["connection", "message_row", *ATTRIBUTES]].reset_index(names="event_id")
+    for side in SIDES:
+        seen = sides[side].reindex(ids)
+        events[f"{side}_capture"] = seen["capture"].to_numpy(object)
+        events[f"{side}_first_ns"] = seen["ts_first_ns"].array
+        events[f"{side}_last_ns"] = seen["ts_last_ns"].array
+    events["observer_capture"] = observer["capture"].reindex(ids).to_numpy(object)
+    events["observations"] = np.bincount(obs["event_id"].to_numpy(), minlength=n_events)
+    # whole only if every capture that saw it saw it whole (the last byte is then the same at each)
+    events["complete"] = obs.groupby("event_id")["complete"].all().reindex(ids).to_numpy(bool)
+
+    captures = sorted(obs["capture"].unique())
+    reference = _reference_capture(obs, captures)
+    spans = obs.groupby("capture").agg(first_ns=("ts_first_ns", "min"), last_ns=("ts_last_ns", "max")).reset_index()
+    clocks = estimate_clocks(delay_samples(events), captures, reference, spans)
+    for side in SIDES:
+        for edge in ("first", "last"):
+            events[f"{side}_{edge}_aligned_ns"] = align(events[f"{side}_{edge}_ns"], events[f"{side}_capture"], clocks)
+    seen_first = align(observer["ts_first_ns"].reindex(ids), events["observer_capture"], clocks)
+    seen_last = align(observer["ts_last_ns"].reindex(ids), events["observer_capture"], clocks)
+    events["ts_first_ns"] = events["send_first_aligned_ns"].fillna(events["recv_first_aligned_ns"]).fillna(
+        pd.Series(seen_first))
+    events["ts_last_ns"] = events["recv_last_aligned_ns"].fillna(events["send_last_aligned_ns"]).fillna(
+        pd.Series(seen_last))
+    events["transit_ns"] = events["recv_last_aligned_ns"] - events["send_last_aligned_ns"]
+    for column in ("send_capture", "recv_capture", "observer_capture", "connection"):
+        events[column] = events[column].astype("category")
+    losses = {
+        "observations": int(len(obs)),
+        "events": n_events,
+        "events_seen_at_both_ends": int((events["send_capture"].notna() & events["recv_capture"].notna()).sum()),
+        "events_seen_by_observers_only": int((events["send_capture"].isna() & events["recv_capture"].isna()).sum()),
+        "side_seen_twice": int(sum(obs.loc[obs[f"{side}_side"], "event_id"].duplicated().sum() for side in SIDES)),
+        "captures_not_aligned": int((~clocks["aligned"]).sum()),
+    }
+    events = events.sort_values(["ts_first_ns", "event_id"], kind="stable", ignore_index=True)
+    return JobView(events=events[list(EVENT_COLUMNS)], clocks=clocks, losses=losses)
+
+
+def read_job_inputs(decode_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(messages, streams): the columns of a `dlcsniff decode` output the merge needs."""
+    decode_dir = Path(decode_dir)
+    if not decode_dir.is_dir():
+        raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
+    return (_read(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
+            _read(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
+
+
+def load_job_view(decode_dir: str | Path) -> JobView:
+    """The job view of a `dlcsniff decode` output directory (from its messages and streams)."""
+    return job_view(*read_job_inputs(decode_dir))
+
+
+def write_job_view(decode_dir: str | Path) -> dict:
+    """`dlcsniff decode`, after the per-capture tables: DIR/events.parquet and DIR/clocks.parquet; returns
+    a summary (events, observations, losses, and per capture its alignment)."""
+    decode_dir = Path(decode_dir)
+    view = load_job_view(decode_dir)
+    try:
+        view.events.to_parquet(decode_dir / "events.parquet", index=False)
+        view.clocks.to_parquet(decode_dir / "clocks.parquet", index=False)
+    except OSError as exc:
+        raise AnalysisError(f"cannot write to {decode_dir}: {exc.strerror or exc}") from exc
+    return {"events": view.losses["events"], "losses": view.losses,
+            "reference": str(view.clocks["reference"].iloc[0]) if len(view.clocks) else None,
+            "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}
