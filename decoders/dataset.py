@@ -52,6 +52,24 @@ STREAMS_SCHEMA = pa.schema([
     ("cnp", _i64),
     ("retransmitted_packets", _i64),
     ("naks", _i64),
+    ("acks", _i64),
+    ("lost_packets", _i64),
+    ("icrc_unchecked", _i64),
+    ("ecn_ce_packets", _i64),
+    ("unmatched_responses", _i64),
+    ("roce_version", pa.int32()),
+    ("transport", pa.string()),
+    ("path_mtu", pa.int32()),
+    ("src_rank", pa.int32()),
+    ("dst_rank", pa.int32()),
+    ("nccl_direction", pa.string()),
+    ("nccl_setup_flow_id", _i64),
+    ("nccl_socket_type", pa.string()),
+    ("nccl_magic", pa.string()),
+    ("nccl_socket_index", pa.int32()),
+    ("nccl_nsocks", pa.int32()),
+    ("nccl_control_flow_id", _i64),
+    ("nccl_inline", pa.bool_()),
 ])
 
 ZMTP_SCHEMA = pa.schema([
@@ -134,6 +152,22 @@ MESSAGES_SCHEMA = pa.schema([
     ("va", pa.uint64()),
     ("rkey", _i64),
     ("nccl_role", pa.string()),
+    ("extra_stream", _i64),             # the RoCE streams.parquet row (index among a capture's RoCE rows)
+    ("src_ip", pa.string()),
+    ("dst_ip", pa.string()),
+    ("psn", _i64),
+    ("packets", _i64),
+    ("nccl_tag", pa.int32()),
+    ("nccl_fifo_idx", _i64),
+    ("nccl_nreqs", pa.int32()),
+    ("nccl_bytes", _i64),
+    ("nccl_sizes", _list_i64),
+    ("nccl_addrs", pa.list_(pa.uint64())),
+    # NCCL socket transport
+    ("nccl_seq", _i64),
+    ("nccl_inline", pa.bool_()),
+    ("nccl_tasks", pa.int32()),
+    ("nccl_proto", pa.string()),
 ])
 
 COLLECTIVES_SCHEMA = pa.schema([
