@@ -5,9 +5,12 @@ their magic, never by the file name: pcap (microsecond and nanosecond, either by
 number of sections and interfaces, each with its own link type and timestamp resolution/offset), and
 either of them gzip-compressed.
 
-The file is streamed in `CHUNK_BYTES` reads, so memory stays flat however large it is. A packet's
-`data` is a memoryview into the chunk it was read from: holding on to it keeps that chunk (about
-1 MiB) alive, so a consumer that keeps packet bytes for long should copy the few it keeps.
+The file is streamed in `CHUNK_BYTES` reads, so memory stays flat however large it is. The records found
+whole in a read buffer come out together as a `RecordBatch` (`CaptureReader.batches()`, for vectorised
+readers) or one by one as `Packet`s (iterating the reader). A packet's `data` is a read-only memoryview
+into that buffer: holding on to it keeps the buffer (about `CHUNK_BYTES`) alive, and out of the reuse of
+buffers nothing refers to any more, so a consumer that keeps packet bytes for long should copy the few
+it keeps.
 """
 from __future__ import annotations
 
@@ -15,13 +18,14 @@ import gzip
 import os
 import struct
 import zlib
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from decoders.errors import DecodeError
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 4 << 20
 # No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length
 # field means the file is corrupt from there on.
 MAX_RECORD_BYTES = 1 << 26
@@ -37,7 +41,8 @@ _PCAP_MAGICS = {
 }
 _PCAP_MODIFIED_MAGICS = (b"\x34\xcd\xb2\xa1", b"\xa1\xb2\xcd\x34")   # 0xa1b2cd34: "modified pcap"
 _PCAP_HEADER_BYTES = 24
-_PCAP_RECORD_HEADER_BYTES = 16
+PCAP_RECORD_HEADER_BYTES = 16   # ts_sec, ts_frac, caplen, orig_len; the packet follows
+EPB_HEADER_BYTES = 28           # block type, length, interface id, ts high, ts low, caplen, orig_len; packet
 
 # pcapng block types (draft-ietf-opsawg-pcapng)
 _SHB = 0x0A0D0D0A        # section header: palindromic, so it reads the same in both byte orders
@@ -54,6 +59,13 @@ _OPT_IF_NAME = 2
 _OPT_IF_TSRESOL = 9
 _OPT_IF_TSOFFSET = 14
 _DEFAULT_TSRESOL = 6     # microseconds, when an interface has no if_tsresol option
+
+_SPARE_BUFFERS = 4        # read buffers kept for reuse
+
+_PCAP_RECORD = {e: struct.Struct(e + "IIII") for e in "<>"}          # ts_sec ts_frac caplen orig_len
+_PCAP_CAPLEN = {e: struct.Struct(e + "8xI") for e in "<>"}
+_EPB_FIELDS = {e: struct.Struct(e + "8xIIIII") for e in "<>"}        # if_id ts_high ts_low caplen orig_len
+_EPB_CHECKED = {e: struct.Struct(e + "III8xI") for e in "<>"}        # type length if_id caplen
 
 
 class CaptureError(DecodeError):
@@ -77,19 +89,85 @@ class CaptureInterface:
 
 
 @dataclass(frozen=True, slots=True)
-class _Timebase:
+class Timebase:
     """How one pcapng interface's 64-bit timestamp units become epoch ns: units * mul // div + offset_ns."""
     mul: int
     div: int
     offset_ns: int
 
 
-def _timebase(tsresol: int, tsoffset_s: int) -> _Timebase:
+@dataclass(frozen=True, slots=True)
+class SectionInterface:
+    """One interface of the current pcapng section, as its packet blocks refer to it (by position)."""
+    linktype: int
+    number: int                  # file-wide interface number
+    timebase: Timebase
+    snaplen: int
+
+
+@dataclass(frozen=True, slots=True)
+class PcapRecords:
+    """Records of a pcap file: a PCAP_RECORD_HEADER_BYTES header in `endian` order, then the packet."""
+    endian: str
+    frac_ns: int                 # ns per unit of the header's second field
+    linktype: int
+
+
+@dataclass(frozen=True, slots=True)
+class EnhancedPacketBlocks:
+    """pcapng enhanced packet blocks of one section: EPB_HEADER_BYTES of header in `endian` order, then the
+    packet. Their interface id indexes `interfaces`."""
+    endian: str
+    interfaces: tuple[SectionInterface, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """Consecutive packet records lying whole in one read buffer, all laid out alike.
+
+    Every record here is well-formed: its captured bytes lie inside it, and (pcapng) its interface exists.
+    """
+    buf: memoryview              # read-only view of the buffer
+    offsets: array               # array("q"): where each record starts in buf
+    layout: PcapRecords | EnhancedPacketBlocks
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def packets(self) -> Iterator[Packet]:
+        buf, layout = self.buf, self.layout
+        if layout.__class__ is PcapRecords:
+            unpack = _PCAP_RECORD[layout.endian].unpack_from
+            frac_ns, linktype = layout.frac_ns, layout.linktype
+            for pos in self.offsets:
+                ts_s, ts_frac, caplen, orig_len = unpack(buf, pos)
+                data = pos + PCAP_RECORD_HEADER_BYTES
+                yield Packet(ts_s * NS_PER_S + ts_frac * frac_ns, linktype, buf[data:data + caplen], orig_len, 0)
+        else:
+            for pos in self.offsets:
+                yield self._epb(pos)
+
+    def last_ts_ns(self) -> int:
+        if self.layout.__class__ is PcapRecords:
+            ts_s, ts_frac, _, _ = _PCAP_RECORD[self.layout.endian].unpack_from(self.buf, self.offsets[-1])
+            return ts_s * NS_PER_S + ts_frac * self.layout.frac_ns
+        return self._epb(self.offsets[-1]).ts_ns
+
+    def _epb(self, pos: int) -> Packet:
+        if_id, ts_high, ts_low, caplen, orig_len = _EPB_FIELDS[self.layout.endian].unpack_from(self.buf, pos)
+        iface = self.layout.interfaces[if_id]
+        tb = iface.timebase
+        data = pos + EPB_HEADER_BYTES
+        return Packet(((ts_high << 32) | ts_low) * tb.mul // tb.div + tb.offset_ns, iface.linktype,
+                      self.buf[data:data + caplen], orig_len, iface.number)
+
+
+def _timebase(tsresol: int, tsoffset_s: int) -> Timebase:
     if tsresol & 0x80:                      # if_tsresol MSB set: 2^-n seconds per unit
-        return _Timebase(NS_PER_S, 1 << (tsresol & 0x7F), tsoffset_s * NS_PER_S)
+        return Timebase(NS_PER_S, 1 << (tsresol & 0x7F), tsoffset_s * NS_PER_S)
     if tsresol <= 9:                        # 10^-n seconds per unit
-        return _Timebase(10 ** (9 - tsresol), 1, tsoffset_s * NS_PER_S)
-    return _Timebase(1, 10 ** (tsresol - 9), tsoffset_s * NS_PER_S)
+        return Timebase(10 ** (9 - tsresol), 1, tsoffset_s * NS_PER_S)
+    return Timebase(1, 10 ** (tsresol - 9), tsoffset_s * NS_PER_S)
 
 
 def _describe_start(head: bytes) -> str:
@@ -100,10 +178,10 @@ def _describe_start(head: bytes) -> str:
 
 
 class CaptureReader:
-    """One pass over a capture file: iterate it for `Packet`s. Use as a context manager.
+    """One pass over a capture file: iterate it for `Packet`s, or take `batches()`. Use as a context manager.
 
     State readable at any time: `path`, `format` ("pcap" | "pcapng"), `compressed`, `interfaces`,
-    `packets` (yielded so far), `bytes_read` / `total_bytes` (position in / size of the file on disk,
+    `packets` (records read so far), `bytes_read` / `total_bytes` (position in / size of the file on disk,
     for progress bars), `warnings`, `truncated_bytes` (bytes of an incomplete last record),
     `skipped_records` (malformed packet records passed over).
     """
@@ -123,8 +201,8 @@ class CaptureReader:
             raise CaptureError(f"{self.path}: cannot open: {exc.strerror}") from None
         self.total_bytes = os.fstat(self._raw.fileno()).st_size
         self._last_bytes_read = 0
-        self._buf = b""
-        self._buf_offset = 0                 # offset of _buf[0] in the (decompressed) capture
+        self._buf_offset = 0                 # offset of the buffer's first byte in the (decompressed) capture
+        self._spares: list[bytearray] = []   # the last read buffers, for reuse once no view of them is left
         self._input_error: str | None = None  # why decompression stopped, if it did
         try:
             self._records = self._open_format()
@@ -133,13 +211,13 @@ class CaptureReader:
             raise
 
     # -- opening -------------------------------------------------------------------------------
-    def _open_format(self) -> Iterator[Packet]:
+    def _open_format(self) -> Iterator[RecordBatch | Packet]:
         self.compressed = self._raw.read(2) == _GZIP_MAGIC
         self._raw.seek(0)
         self._input = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else self._raw
-        head = self._fill(_PCAP_HEADER_BYTES)
+        head = self._refill(b"", 0, _PCAP_HEADER_BYTES)
         what = "gzip-compressed file" if self.compressed else "file"
-        magic = head[:4]
+        magic = bytes(head[:4])
         if magic in _PCAP_MAGICS:
             endian, frac_ns = _PCAP_MAGICS[magic]
             if len(head) < _PCAP_HEADER_BYTES:
@@ -150,11 +228,11 @@ class CaptureReader:
             # The link-type field's upper bits may carry FCS-length flags; the type is the low 16 bits.
             self.interfaces.append(CaptureInterface(network & 0xFFFF, snaplen, None))
             self.format = "pcap"
-            return self._pcap_records(endian, frac_ns, network & 0xFFFF, _PCAP_HEADER_BYTES)
+            return self._pcap_records(head, PcapRecords(endian, frac_ns, network & 0xFFFF))
         if magic == _SHB_BYTES:
             if len(head) < 16:
                 raise CaptureError(f"{self.path}: pcapng {what} ends inside its section header")
-            order = _BYTE_ORDER_MAGIC.get(head[8:12])
+            order = _BYTE_ORDER_MAGIC.get(bytes(head[8:12]))
             if order is None:
                 raise CaptureError(f"{self.path}: pcapng {what} without a valid byte-order magic: "
                                    f"{_describe_start(bytes(head[:16]))}")
@@ -162,7 +240,7 @@ class CaptureReader:
             if major != 1:
                 raise CaptureError(f"{self.path}: unsupported pcapng version {major}.{minor} (only 1.x exists)")
             self.format = "pcapng"
-            return self._pcapng_records()
+            return self._pcapng_records(head)
         if magic in _PCAP_MODIFIED_MAGICS:
             raise CaptureError(f"{self.path}: unsupported pcap variant (the 'modified pcap' format of a "
                                f"patched libpcap); convert it with `editcap -F pcap`")
@@ -171,35 +249,51 @@ class CaptureReader:
         raise CaptureError(f"{self.path}: not a pcap or pcapng {what}: {_describe_start(bytes(head[:16]))}")
 
     # -- input ---------------------------------------------------------------------------------
-    def _read(self, size: int) -> bytes:
-        if self._input_error is not None:
-            return b""
-        try:
-            return self._input.read(size)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            self._input_error = str(exc)
-            self.warnings.append(f"{self.path}: compressed data ends early or is corrupt ({exc}); "
-                                 f"decoded up to there")
-            return b""
+    def _read_into(self, buf: bytearray, start: int) -> int:
+        """Fill buf from `start` on with input; the number of bytes read (fewer only at its end)."""
+        done = start
+        # From gzip, a piece at a time: what precedes a corrupt or missing end still comes out.
+        read = self._input.readinto1 if self.compressed else self._input.readinto
+        with memoryview(buf) as view:
+            while done < len(buf) and self._input_error is None:
+                try:
+                    n = read(view[done:])
+                except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                    self._input_error = str(exc)
+                    self.warnings.append(f"{self.path}: compressed data ends early or is corrupt ({exc}); "
+                                         f"decoded up to there")
+                    break
+                if not n:
+                    break
+                done += n
+        return done - start
 
-    def _fill(self, need: int) -> bytes:
-        """Keep the unread part of the buffer and append input until it holds `need` bytes (or input ends)."""
-        parts = [self._buf]
-        have = len(self._buf)
-        while have < need:
-            chunk = self._read(max(CHUNK_BYTES, need - have))
-            if not chunk:
-                break
-            parts.append(chunk)
-            have += len(chunk)
-        self._buf = b"".join(parts) if len(parts) > 1 else parts[0]
-        return self._buf
-
-    def _refill(self, buf: bytes, pos: int, need: int) -> bytes:
-        """The buffer from `pos` on, extended to hold `need` bytes when the input has them."""
+    def _refill(self, buf: memoryview | bytes, pos: int, need: int) -> memoryview:
+        """The next buffer (read-only): `buf` from `pos` on, then fresh input, so that it holds `need` bytes
+        (and at least CHUNK_BYTES more than before) when the input has them."""
+        rest = len(buf) - pos
         self._buf_offset += pos
-        self._buf = buf[pos:]
-        return self._fill(need)
+        new = self._free_buffer(rest + max(CHUNK_BYTES, need - rest))
+        with memoryview(new) as view:
+            view[:rest] = buf[pos:]
+        filled = rest + self._read_into(new, rest)
+        return memoryview(new).toreadonly()[:filled]
+
+    def _free_buffer(self, size: int) -> bytearray:
+        """A buffer of at least `size` bytes that nothing refers to any more (reused: its pages are
+        already mapped), or a new one."""
+        for spare in self._spares:
+            if len(spare) >= size:
+                try:
+                    last = spare.pop()        # a buffer something still has a view of cannot resize
+                except BufferError:
+                    continue
+                spare.append(last)            # (a shrink by one byte and back: no reallocation)
+                return spare
+        new = bytearray(size)
+        self._spares.append(new)
+        del self._spares[:-_SPARE_BUFFERS]
+        return new
 
     def _stop_truncated(self, available: int, what: str) -> None:
         if available:
@@ -220,75 +314,95 @@ class CaptureReader:
                              f"{why}; {self.packets} packets decoded before it, the rest is skipped")
 
     # -- pcap ----------------------------------------------------------------------------------
-    def _pcap_records(self, endian: str, frac_ns: int, linktype: int, start: int) -> Iterator[Packet]:
-        unpack_header = struct.Struct(endian + "IIII").unpack_from    # ts_sec ts_frac incl_len orig_len
-        header_bytes = _PCAP_RECORD_HEADER_BYTES
-        buf = self._buf
-        pos = start
-        end = len(buf)
-        view = memoryview(buf)
+    def _pcap_records(self, buf: memoryview, layout: PcapRecords) -> Iterator[RecordBatch]:
+        caplen_at = _PCAP_CAPLEN[layout.endian].unpack_from
+        header_bytes = PCAP_RECORD_HEADER_BYTES
+        pos = _PCAP_HEADER_BYTES
         while True:
-            if end - pos < header_bytes:
-                buf = self._refill(buf, pos, header_bytes)
-                view, pos, end = memoryview(buf), 0, len(buf)
-                if end < header_bytes:
-                    self._stop_truncated(end, "record header")
-                    return
-            ts_s, ts_frac, caplen, orig_len = unpack_header(buf, pos)
-            data_end = pos + header_bytes + caplen
-            if data_end > end:
-                if caplen > MAX_RECORD_BYTES:
-                    self._stop_corrupt(pos, f"record claims {caplen} captured bytes")
-                    return
-                buf = self._refill(buf, pos, header_bytes + caplen)
-                view, pos, end = memoryview(buf), 0, len(buf)
-                data_end = header_bytes + caplen
+            # The hot loop: find the records lying whole in this buffer.
+            end = len(buf)
+            offsets = array("q")
+            append = offsets.append
+            while end - pos >= header_bytes:
+                data_end = pos + header_bytes + caplen_at(buf, pos)[0]
                 if data_end > end:
-                    self._stop_truncated(end, "packet record")
+                    break
+                append(pos)
+                pos = data_end
+            if offsets:
+                self.packets += len(offsets)
+                yield RecordBatch(buf, offsets, layout)
+            # A record that does not fit (or the end of the buffer): read on.
+            if end - pos < header_bytes:
+                buf, pos = self._refill(buf, pos, header_bytes), 0
+                if len(buf) < header_bytes:
+                    self._stop_truncated(len(buf), "record header")
                     return
-            self.packets += 1
-            yield Packet(ts_s * NS_PER_S + ts_frac * frac_ns, linktype, view[pos + header_bytes:data_end],
-                         orig_len, 0)
-            pos = data_end
+                continue
+            caplen = caplen_at(buf, pos)[0]
+            if caplen > MAX_RECORD_BYTES:
+                self._stop_corrupt(pos, f"record claims {caplen} captured bytes")
+                return
+            buf, pos = self._refill(buf, pos, header_bytes + caplen), 0
+            if len(buf) < header_bytes + caplen:
+                self._stop_truncated(len(buf), "packet record")
+                return
 
     # -- pcapng --------------------------------------------------------------------------------
-    def _pcapng_records(self) -> Iterator[Packet]:
-        buf = self._buf
+    def _pcapng_records(self, buf: memoryview) -> Iterator[RecordBatch | Packet]:
         pos = 0
-        end = len(buf)
-        view = memoryview(buf)
         endian = "<"
         block_header = struct.Struct("<II")
-        epb = pb = None
-        section: list[tuple[int, int, _Timebase, int]] = []   # this section's interfaces: linktype,
-        #                                                          file-wide number, timebase, snaplen
+        epb_checked = None
+        section: list[SectionInterface] = []
+        layout: EnhancedPacketBlocks | None = None
         last_ts_ns = 0
         while True:
+            if layout is not None:
+                # The hot loop: well-formed enhanced packet blocks lying whole in this buffer.
+                end = len(buf)
+                interfaces = len(section)
+                offsets = array("q")
+                append = offsets.append
+                while end - pos >= 32:
+                    block_type, block_len, if_id, caplen = epb_checked(buf, pos)
+                    if (block_type != _EPB or block_len < 32 or block_len & 3 or block_len > end - pos
+                            or if_id >= interfaces or EPB_HEADER_BYTES + caplen > block_len - 4):
+                        break
+                    append(pos)
+                    pos += block_len
+                if offsets:
+                    self.packets += len(offsets)
+                    batch = RecordBatch(buf, offsets, layout)
+                    last_ts_ns = batch.last_ts_ns()
+                    yield batch
+            # Any other block, or one that does not fit in the buffer.
+            end = len(buf)
             if end - pos < 12:
-                buf = self._refill(buf, pos, 12)
-                view, pos, end = memoryview(buf), 0, len(buf)
+                buf, pos = self._refill(buf, pos, 12), 0
+                end = len(buf)
                 if end < 12:
                     self._stop_truncated(end, "block header")
                     return
             block_type = block_header.unpack_from(buf, pos)[0]
             if block_type == _SHB:
-                order = _BYTE_ORDER_MAGIC.get(buf[pos + 8:pos + 12])
+                order = _BYTE_ORDER_MAGIC.get(bytes(buf[pos + 8:pos + 12]))
                 if order is None:
                     self._stop_corrupt(pos, "section header without a valid byte-order magic")
                     return
-                if order != endian or epb is None:
+                if order != endian or epb_checked is None:
                     endian = order
                     block_header = struct.Struct(endian + "II")
-                    epb = struct.Struct(endian + "IIIII").unpack_from    # if_id ts_high ts_low caplen orig_len
-                    pb = struct.Struct(endian + "HHIIII").unpack_from    # if_id drops ts_high ts_low caplen len
+                    epb_checked = _EPB_CHECKED[endian].unpack_from
                 section = []
+                layout = None
             block_len = block_header.unpack_from(buf, pos)[1]
             if block_len < 12 or block_len & 3 or block_len > MAX_RECORD_BYTES:
                 self._stop_corrupt(pos, f"block of type {block_type:#x} claims a length of {block_len} bytes")
                 return
             if end - pos < block_len:
-                buf = self._refill(buf, pos, block_len)
-                view, pos, end = memoryview(buf), 0, len(buf)
+                buf, pos = self._refill(buf, pos, block_len), 0
+                end = len(buf)
                 if end < block_len:
                     self._stop_truncated(end, "block")
                     return
@@ -299,50 +413,51 @@ class CaptureReader:
                 self._skip(pos, f"block of type {block_type:#x} too short ({block_len} bytes)")
                 pos += block_len
                 continue
-            if block_type == _EPB:   # the common case first
-                if_id, ts_high, ts_low, caplen, orig_len = epb(buf, pos + 8)
-                data_start = pos + 28
-            elif block_type == _SPB:
-                if not section:
+            if block_type == _EPB:
+                _, _, if_id, caplen = _EPB_CHECKED[endian].unpack_from(buf, pos)
+                if if_id >= len(section):
+                    self._skip(pos, f"packet block for undefined interface {if_id}")
+                elif EPB_HEADER_BYTES + caplen > block_len - 4:
+                    self._skip(pos, f"packet block of {block_len} bytes claims {caplen} captured bytes")
+                else:
+                    continue          # well-formed: the hot loop takes it
+                pos += block_len
+                continue
+            if block_type == _SPB:
+                if section:
+                    orig_len = struct.unpack_from(endian + "I", buf, pos + 8)[0]
+                    first = section[0]
+                    caplen = min(orig_len, block_len - 16, first.snaplen or orig_len)
+                    self.packets += 1
+                    yield Packet(last_ts_ns, first.linktype, buf[pos + 12:pos + 12 + caplen], orig_len,
+                                 first.number)
+                else:
                     self._skip(pos, "simple packet block before any interface description")
-                    pos += block_len
-                    continue
-                orig_len = struct.unpack_from(endian + "I", buf, pos + 8)[0]
-                snaplen = section[0][3]
-                caplen = min(orig_len, block_len - 16, snaplen or orig_len)
-                linktype, interface, _, _ = section[0]
-                self.packets += 1
-                yield Packet(last_ts_ns, linktype, view[pos + 12:pos + 12 + caplen], orig_len, interface)
-                pos += block_len
-                continue
             elif block_type == _PB:
-                if_id, _drops, ts_high, ts_low, caplen, orig_len = pb(buf, pos + 8)
-                data_start = pos + 28
-            else:
-                if block_type == _IDB:
-                    section.append(self._interface(buf, pos, block_len, endian))
-                elif block_type == _SHB:
-                    major, minor = struct.unpack_from(endian + "HH", buf, pos + 12)
-                    if major != 1:
-                        self._stop_corrupt(pos, f"a section of unsupported pcapng version {major}.{minor}")
-                        return
-                pos += block_len          # other blocks (name resolution, statistics, custom...) carry no packets
-                continue
-            if if_id >= len(section):
-                self._skip(pos, f"packet block for undefined interface {if_id}")
-                pos += block_len
-                continue
-            if data_start + caplen > pos + block_len - 4:
-                self._skip(pos, f"packet block of {block_len} bytes claims {caplen} captured bytes")
-                pos += block_len
-                continue
-            linktype, interface, tb, _ = section[if_id]
-            last_ts_ns = ((ts_high << 32) | ts_low) * tb.mul // tb.div + tb.offset_ns
-            self.packets += 1
-            yield Packet(last_ts_ns, linktype, view[data_start:data_start + caplen], orig_len, interface)
-            pos += block_len
+                if_id, _drops, ts_high, ts_low, caplen, orig_len = struct.unpack_from(endian + "HHIIII", buf,
+                                                                                      pos + 8)
+                if if_id >= len(section):
+                    self._skip(pos, f"packet block for undefined interface {if_id}")
+                elif 28 + caplen > block_len - 4:
+                    self._skip(pos, f"packet block of {block_len} bytes claims {caplen} captured bytes")
+                else:
+                    iface = section[if_id]
+                    tb = iface.timebase
+                    last_ts_ns = ((ts_high << 32) | ts_low) * tb.mul // tb.div + tb.offset_ns
+                    self.packets += 1
+                    yield Packet(last_ts_ns, iface.linktype, buf[pos + 28:pos + 28 + caplen], orig_len,
+                                 iface.number)
+            elif block_type == _IDB:
+                section.append(self._interface(buf, pos, block_len, endian))
+                layout = EnhancedPacketBlocks(endian, tuple(section))
+            elif block_type == _SHB:
+                major, minor = struct.unpack_from(endian + "HH", buf, pos + 12)
+                if major != 1:
+                    self._stop_corrupt(pos, f"a section of unsupported pcapng version {major}.{minor}")
+                    return
+            pos += block_len          # other blocks (name resolution, statistics, custom...) carry no packets
 
-    def _interface(self, buf: bytes, pos: int, block_len: int, endian: str) -> tuple[int, int, _Timebase, int]:
+    def _interface(self, buf: memoryview, pos: int, block_len: int, endian: str) -> SectionInterface:
         linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, pos + 8)
         name = None
         tsresol, tsoffset_s = _DEFAULT_TSRESOL, 0
@@ -361,13 +476,22 @@ class CaptureReader:
             elif code == _OPT_IF_NAME:
                 name = bytes(buf[value:value + length]).decode("utf-8", "replace")
             opt = value + ((length + 3) & ~3)
-        interface = len(self.interfaces)
+        number = len(self.interfaces)
         self.interfaces.append(CaptureInterface(linktype, snaplen, name))
-        return linktype, interface, _timebase(tsresol, tsoffset_s), snaplen
+        return SectionInterface(linktype, number, _timebase(tsresol, tsoffset_s), snaplen)
 
     # -- iteration and lifetime ----------------------------------------------------------------
-    def __iter__(self) -> Iterator[Packet]:
+    def batches(self) -> Iterator[RecordBatch | Packet]:
+        """The records in file order: runs of pcap records or enhanced packet blocks as RecordBatches, the
+        rare other pcapng packet blocks (simple, obsolete) as single Packets."""
         return self._records
+
+    def __iter__(self) -> Iterator[Packet]:
+        for item in self._records:
+            if item.__class__ is Packet:
+                yield item
+            else:
+                yield from item.packets()
 
     @property
     def bytes_read(self) -> int:
@@ -379,6 +503,7 @@ class CaptureReader:
         if not self._raw.closed:
             self._last_bytes_read = self._raw.tell()
         self._records.close()
+        self._spares = []
         if self._input is not self._raw:
             self._input.close()
         self._raw.close()
@@ -391,5 +516,5 @@ class CaptureReader:
 
 
 def open_capture(path: str | os.PathLike) -> CaptureReader:
-    """Open a pcap / pcapng file, gzip-compressed or not, for one pass of `Packet`s."""
+    """Open a pcap / pcapng file, gzip-compressed or not, for one pass of `Packet`s (or of batches)."""
     return CaptureReader(path)

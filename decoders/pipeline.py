@@ -8,20 +8,27 @@ returns the contract tables (see `decoders.dataset`).
 from __future__ import annotations
 
 import collections
+import os
+import pickle
+import selectors
+import signal
+import struct
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from decoders import byteps, mxnet, pslite
 from decoders.capture import CaptureError, open_capture
-from decoders.dataset import table_from_columns
 from decoders.errors import DecodeError
-from decoders.packet import (SUPPORTED_LINKTYPES, ParseStats, Segment, UnsupportedLinktype, check_linktype,
-                             ip_to_str, parse_packet)
+from decoders.fastpath import BatchDecoder
+from decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
 from decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
-from decoders.zmtp import NEED_DATA, Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
+from decoders.zmtp import (NEED_DATA, UNLIMITED_SKIP_BYTES, Command, DecodeFailed, Greeting, Message, Resync,
+                           ZmtpDecoder)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".pcap.gz", ".pcapng.gz", ".cap.gz")
 FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
@@ -89,6 +96,7 @@ class CaptureResult:
     parse_stats: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     undecoded_messages: int = 0
+    bulk_packets: int = 0                      # TCP packets the batch decoder applied in bulk
 
 
 _ZMTP_GREETING_SIGNATURE_END = 0x7F
@@ -150,6 +158,18 @@ class _CaptureDecoder:
             if st.zmtp is not None:
                 st.zmtp.receive_data(b"", ev.ts_ns)
                 self._drain(st)
+
+    def skippable_bytes(self, stream_id: int) -> int:
+        """How many of the stream's next bytes need not be seen (decoders.fastpath.StreamConsumer)."""
+        st = self.streams[stream_id]
+        if st.zmtp is not None:
+            return st.zmtp.skippable_bytes()
+        return UNLIMITED_SKIP_BYTES if st.decided else 0
+
+    def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
+        zmtp = self.streams[stream_id].zmtp
+        if zmtp is not None:
+            zmtp.skip(size, ts_ns)
 
     def _detect(self, st: _Stream, data: memoryview, ts_ns: int) -> None:
         prefix = st.prefix + bytes(data[: 16 - len(st.prefix)]) if len(st.prefix) < 16 else st.prefix
@@ -286,35 +306,33 @@ class _CaptureDecoder:
         return cols
 
 
-def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | None = None) -> CaptureResult:
-    """Decode one capture file on its own (no job-wide resolution yet)."""
+def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | None = None,
+                   batched: bool = True) -> CaptureResult:
+    """Decode one capture file on its own (no job-wide resolution yet).
+
+    batched=False decodes packet by packet (`fastpath.feed_packet` for each): the reference the batch
+    decoder must match exactly, and several times slower."""
     name = capture_name(path)
     dec = _CaptureDecoder(name, flow_id_base)
     stats = ParseStats()
-    feed = dec.tcp.feed
-    on_event = dec.on_tcp_event
-    non_tcp = 0
-    unsupported: set[int] = set()
-    last_pos = 0
-    with open_capture(path) as reader:
-        for n, pkt in enumerate(reader, 1):
-            seg = parse_packet(pkt.linktype, pkt.data, pkt.ts_ns, stats)
-            if seg.__class__ is Segment:
-                for ev in feed(seg):
-                    on_event(ev)
-            else:
-                non_tcp += 1
-                if pkt.linktype not in SUPPORTED_LINKTYPES:
-                    unsupported.add(pkt.linktype)
-            if progress is not None and not n & 0x3FF:
-                pos = reader.bytes_read
-                progress(pos - last_pos)
-                last_pos = pos
-        dec.finish()
+    batches = BatchDecoder(dec.tcp, dec, stats)
+    reported = 0
+
+    def report(pos: int) -> None:
+        nonlocal reported
         if progress is not None:
-            progress(reader.total_bytes - last_pos)
+            progress(pos - reported)
+            reported = pos
+
+    with open_capture(path) as reader:
+        for n, item in enumerate(reader.batches() if batched else reader, 1):
+            batches.feed(item)          # a Packet goes the per-packet way
+            if batched or not n & 0x3FF:
+                report(reader.bytes_read)
+        dec.finish()
+        report(reader.total_bytes)
         packets, bytes_read, warnings = reader.packets, reader.bytes_read, list(reader.warnings)
-    for linktype in sorted(unsupported):
+    for linktype in sorted(batches.unsupported_linktypes):
         try:
             check_linktype(linktype)
         except UnsupportedLinktype as exc:
@@ -326,8 +344,9 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
     return CaptureResult(
         capture=name, path=str(path), streams=dict(streams), zmtp=dict(dec.zmtp_rows),
         messages=dict(dec.msg_rows), stream_announced=announced, nodes=dec.nodes,
-        packets=packets, bytes_read=bytes_read, non_tcp_packets=non_tcp,
+        packets=packets, bytes_read=bytes_read, non_tcp_packets=batches.non_tcp_packets,
         parse_stats=stats.as_dict(), warnings=warnings, undecoded_messages=dec.undecoded_messages,
+        bulk_packets=batches.bulk_packets,
     )
 
 
@@ -488,6 +507,8 @@ def _mark_router_sides(streams: dict[str, list], endpoints: dict) -> None:
 
 def build_dataset(results: list[CaptureResult]) -> Dataset:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
+    from decoders.dataset import table_from_columns
+
     streams = _concat(results, "streams")
     zmtp = _concat(results, "zmtp")
     messages = _concat(results, "messages")
@@ -565,10 +586,138 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     }
 
 
-def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], ProgressFn] | None = None) -> Dataset:
-    """Decode captures (files or directories of them) of one job into one dataset."""
+def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], ProgressFn] | None = None,
+                 workers: int | None = None) -> Dataset:
+    """Decode captures (files or directories of them) of one job into one dataset.
+
+    Captures are decoded in `workers` forked processes (default: one per core, when the input is large
+    enough for it to pay; 0: in this process), while this one loads what building the tables needs."""
     paths = expand_inputs(inputs)
-    progress = progress_total(sum(p.stat().st_size for p in paths)) if progress_total else None
-    results = [decode_capture(path, flow_id_base=index << FLOW_ID_CAPTURE_SHIFT, progress=progress)
-               for index, path in enumerate(paths)]
+    sizes = [p.stat().st_size for p in paths]
+    if not hasattr(os, "fork"):
+        workers = 0
+    elif workers is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(len(paths), cores) if sum(sizes) >= FORK_MIN_BYTES else 0
+    jobs = [(path, index << FLOW_ID_CAPTURE_SHIFT) for index, path in enumerate(paths)]
+    if workers <= 0:
+        progress = progress_total(sum(sizes)) if progress_total else None
+        results = [decode_capture(path, flow_id_base=base, progress=progress) for path, base in jobs]
+    else:
+        results = _decode_forked(jobs, sizes, workers, progress_total)
     return build_dataset(results)
+
+
+# -- decoding in forked workers ---------------------------------------------------------------------------
+
+FORK_MIN_BYTES = 8 << 20        # below this, a worker process costs more than it saves
+_FRAME = struct.Struct("<I")    # worker -> parent: length-prefixed pickles ("progress", n) / ("result", r)
+
+
+class _Worker:
+    """One forked process decoding one capture; it writes its progress and result to a pipe."""
+
+    def __init__(self, path: Path, flow_id_base: int):
+        self.path = path
+        read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:                     # the child: decode, report, and leave without cleanup
+            os.close(read_fd)
+            code = 0
+            try:
+                with os.fdopen(write_fd, "wb") as out:
+                    self._run(out, path, flow_id_base)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self.pipe = os.fdopen(read_fd, "rb", buffering=0)
+        self.buffer = bytearray()
+        self.outcome: tuple | None = None
+
+    @staticmethod
+    def _run(out, path: Path, flow_id_base: int) -> None:
+        def send(message: tuple) -> None:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            out.write(_FRAME.pack(len(data)) + data)
+            out.flush()
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)     # the parent handles ^C, and kills us
+        try:
+            result = decode_capture(path, flow_id_base=flow_id_base, progress=lambda n: send(("progress", n)))
+        except Exception as exc:
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = RuntimeError(f"decoding {path} failed:\n{traceback.format_exc()}")
+            send(("error", exc))
+        else:
+            send(("result", result))
+
+    def read(self, progress: ProgressFn | None) -> bool:
+        """Take what the pipe holds; True once the worker has said its last word (or died)."""
+        chunk = self.pipe.read(1 << 20)
+        if not chunk:
+            if self.outcome is None:
+                self.outcome = ("error", RuntimeError(f"the worker decoding {self.path} died"))
+            return True
+        self.buffer += chunk
+        while len(self.buffer) >= _FRAME.size:
+            size = _FRAME.unpack_from(self.buffer)[0]
+            if len(self.buffer) < _FRAME.size + size:
+                break
+            message = pickle.loads(self.buffer[_FRAME.size:_FRAME.size + size])
+            del self.buffer[:_FRAME.size + size]
+            if message[0] == "progress":
+                if progress is not None:
+                    progress(message[1])
+            else:
+                self.outcome = message
+        return False
+
+    def close(self, kill: bool) -> None:
+        if kill:
+            os.kill(self.pid, signal.SIGKILL)
+        self.pipe.close()
+        os.waitpid(self.pid, 0)
+
+
+def _decode_forked(jobs: list[tuple[Path, int]], sizes: list[int], workers: int,
+                   progress_total: Callable[[int], ProgressFn] | None) -> list[CaptureResult]:
+    pending = sorted(range(len(jobs)), key=lambda i: -sizes[i])       # the largest first
+    running: dict[int, _Worker] = {}
+    outcomes: dict[int, tuple] = {}
+    selector = selectors.DefaultSelector()
+
+    def start_next() -> None:
+        index = pending.pop(0)
+        worker = _Worker(*jobs[index])
+        running[index] = worker
+        selector.register(worker.pipe, selectors.EVENT_READ, index)
+
+    try:
+        for _ in range(min(workers, len(pending))):
+            start_next()
+        # Forked first: the progress bar's thread and these imports happen while the workers decode.
+        progress = progress_total(sum(sizes)) if progress_total else None
+        import pandas  # noqa: F401  (building the summary needs it: load it while waiting)
+        from decoders import dataset  # noqa: F401
+        while running:
+            for key, _ in selector.select():
+                index = key.data
+                worker = running[index]
+                if worker.read(progress):
+                    selector.unregister(worker.pipe)
+                    worker.close(kill=False)
+                    del running[index]
+                    outcomes[index] = worker.outcome
+                    if outcomes[index][0] == "error":
+                        raise outcomes[index][1]
+                    if pending:
+                        start_next()
+    finally:
+        for worker in running.values():
+            worker.close(kill=True)
+        selector.close()
+    return [outcomes[i][1] for i in range(len(jobs))]

@@ -128,7 +128,8 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
     def cgroup(pid: int | None) -> str | None:
         return processes[pid].cgroup if pid in processes else None
 
-    for flow in ev.attribute_flows(item for item in items if isinstance(item, ev.SockEvent)):
+    snapshot = [item for item in items if isinstance(item, ev.SocketSnapshot)]
+    for flow in ev.attribute_flows((item for item in items if isinstance(item, ev.SockEvent)), snapshot):
         rows["flows"].append({
             "set": run, "family": flow.family, "local_ip": flow.local_ip, "local_port": flow.local_port,
             "remote_ip": flow.remote_ip, "remote_port": flow.remote_port, "pid": flow.tgid, "tid": flow.tid,
@@ -140,20 +141,19 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
     # (a probe row that never saw the connection established is the same connection, not another one).
     seen_later = {(row["local_ip"], row["local_port"], row["remote_ip"], row["remote_port"]): row
                   for row in rows["flows"] if row["set"] == run and row["established_ts_ns"] is None}
-    for item in items:
-        if isinstance(item, ev.SocketSnapshot):
-            row = {"set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
-                   "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
-                   "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
-                   "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
-                   "established_ts_ns": None, "closed_ts_ns": None}
-            later = seen_later.pop((item.local_ip, item.local_port, item.remote_ip, item.remote_port), None)
-            if later is not None:
-                rows["flows"].remove(later)
-                row.update(state=later["state"], closed_ts_ns=later["closed_ts_ns"])
-                if row["pid"] is None:
-                    row.update({key: later[key] for key in ("pid", "tid", "comm", "cgroup_id", "cgroup", "source")})
-            rows["flows"].append(row)
+    for item in snapshot:
+        row = {"set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
+               "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
+               "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
+               "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
+               "established_ts_ns": None, "closed_ts_ns": None}
+        later = seen_later.pop((item.local_ip, item.local_port, item.remote_ip, item.remote_port), None)
+        if later is not None:
+            rows["flows"].remove(later)
+            row.update(state=later["state"], closed_ts_ns=later["closed_ts_ns"])
+            if row["pid"] is None:
+                row.update({key: later[key] for key in ("pid", "tid", "comm", "cgroup_id", "cgroup", "source")})
+        rows["flows"].append(row)
 
 
 def load_capture_dir(path: Path) -> CaptureDir:

@@ -120,6 +120,41 @@ class TcpStream:
         rel = (seq - self._next_seq) & _SEQ_MASK
         return self._next_offset + (rel - SEQ_MODULUS if rel >= _SEQ_HALF else rel)
 
+    # -- in bulk (decoders.fastpath): what runs of common segments do, without a feed() each ---------
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def next_offset(self) -> int:
+        return self._next_offset
+
+    @property
+    def acked_offset(self) -> int:
+        return self._acked_offset
+
+    def takes_bulk(self) -> bool:
+        """Open, nothing buffered out of order, no FIN: a segment without SYN/FIN/RST whose whole payload
+        starts at the next byte only moves counters, and acknowledging it resolves nothing."""
+        return not self.ended and not self._pending and self._fin_offset is None
+
+    def deliver_bulk(self, packets: int, size: int, last_ts_ns: int) -> None:
+        """What `packets` such segments, `size` payload bytes in all, the last captured at last_ts_ns, do
+        to the stream (their StreamData events aside)."""
+        self.packets += packets
+        self.last_ts_ns = last_ts_ns
+        self.bytes += size
+        self._next_offset += size
+        self._next_seq = (self._next_seq + size) & _SEQ_MASK
+
+    def acknowledge_bulk(self, acked_offset: int, rose_ts_ns: int | None) -> None:
+        """The other direction's acknowledgements of a run: the highest offset, and (if any) the time of
+        the last rise that started from at most the next byte to deliver (see TcpReassembler.feed)."""
+        self._acked_offset = acked_offset
+        if rose_ts_ns is not None:
+            self._acked_ts_ns = rose_ts_ns
+
 
 def _piece_start(piece: tuple) -> int:
     return piece[0]
@@ -175,6 +210,10 @@ class TcpReassembler:
         if stream._acked_offset > stream._next_offset:
             self._resolve_acked(stream, ts_ns, events)
         return events
+
+    def stream(self, key: StreamKey) -> TcpStream | None:
+        """The stream segments with this key go to now (the latest connection on it), if any."""
+        return self._by_key.get(key)
 
     def finish(self) -> list[StreamEvent]:
         """End of input: deliver what is buffered (holes become gaps) and end every open stream."""

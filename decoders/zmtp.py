@@ -9,7 +9,8 @@ end of the stream (`receive_data(b"")`), and returns typed events from `next_eve
 
 Payloads are never copied unless asked for: the body of a data frame is kept (as a memoryview of the
 caller's chunk when it lies in one, else joined) only when `keep_body(frame_index, size_bytes)` says
-so; otherwise the decoder just counts it down chunk by chunk. Lost bytes that hit a frame header, or a
+so; otherwise the decoder just counts it down chunk by chunk, and a caller holding many chunks may
+`skip` them unseen, up to `skippable_bytes()`. Lost bytes that hit a frame header, or a
 capture that starts mid-connection (`midstream=True`), make the decoder scan forward for the next
 plausible frame boundary (see `_ZmtpScanner`) and report a `Resync`; it never raises on bad input.
 
@@ -72,6 +73,7 @@ _KNOWN_COMMANDS = frozenset({b"READY", b"ERROR", b"HELLO", b"WELCOME", b"INITIAT
                              b"PONG", b"SUBSCRIBE", b"CANCEL", b"JOIN", b"LEAVE"})
 
 DEFAULT_KEPT_BODY_BYTES = 64 * 1024
+UNLIMITED_SKIP_BYTES = 1 << 62          # skippable_bytes once decoding stopped
 COMMAND_BODY_CAP_BYTES = 64 * 1024      # larger command bodies are named and sized, not parsed
 _ENCRYPTED_NAME_PREFIX_BYTES = 1 + 255  # an encrypted frame is read only as far as its command name
 
@@ -177,6 +179,15 @@ class _ChunkQueue:
     def push_gap(self, size: int, ts_ns: int) -> None:
         self._items.append([None, size, ts_ns])
         self._gaps += 1
+
+    def buffered(self) -> bool:
+        """Is anything (bytes or a gap) queued and not consumed?"""
+        return bool(self._items)
+
+    def skip(self, size: int, ts_ns: int) -> None:
+        """Consume `size` bytes that were never queued (the queue is empty), the last captured at ts_ns."""
+        self.offset += size
+        self.last_ts_ns = ts_ns
 
     def head_ts_ns(self) -> int:
         return self._items[0][2] if self._items else self.last_ts_ns
@@ -381,6 +392,24 @@ class ZmtpDecoder:
             self.lost_bytes += size
             return
         self._queue.push_gap(size, ts_ns)
+
+    def skippable_bytes(self) -> int:
+        """How many of the stream's next bytes `skip` may account for unseen: the rest of a frame body it
+        does not keep, but its last byte (that one ends the frame), or any number once decoding stopped."""
+        if self._state is _State.FAILED or self._queue.ended:
+            return UNLIMITED_SKIP_BYTES
+        if self._state is _State.FRAME_BODY and not self._frame_collect and not self._queue.buffered():
+            return max(self._frame_remaining - 1, 0)
+        return 0
+
+    def skip(self, size: int, ts_ns: int) -> None:
+        """Account for `size` captured bytes (at most skippable_bytes()), the last of them captured at
+        ts_ns, exactly as receive_data of them followed by next_event would (which returns NEED_DATA)."""
+        if self._state is _State.FAILED or self._queue.ended:
+            self.lost_bytes += size
+            return
+        self._queue.skip(size, ts_ns)
+        self._frame_remaining -= size
 
     def next_event(self) -> ZmtpEvent | _Sentinel:
         """The next event, or NEED_DATA. Never raises on bad input."""

@@ -1,0 +1,106 @@
+"""Decoding on a Dask cluster: one task per capture, the job-wide tables built where the caller is.
+
+`decode_paths_dask` is `decoders.pipeline.decode_paths` with the captures decoded as Dask tasks instead of
+forked processes: each task is `decode_capture(path, flow_id_base=index << FLOW_ID_CAPTURE_SHIFT)`, and the
+gathered results go through the same `build_dataset`, so both engines give the same tables by construction.
+
+The cluster is the one at `scheduler` (an address such as tcp://10.0.0.5:8786) or, without one, a local
+cluster started for the call and closed after it (worker processes listening on loopback only, no
+dashboard). Workers of a running cluster read the captures themselves: they must see the same files, under
+the same absolute paths (a shared file system), and be able to import dlcsniff.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+from decoders.pipeline import FLOW_ID_CAPTURE_SHIFT, Dataset, ProgressFn, build_dataset, decode_capture, expand_inputs
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+SCHEDULER_TIMEOUT_S = 10      # how long to try reaching a running scheduler before giving up
+
+
+class ClusterError(Exception):
+    """The Dask cluster cannot be reached or lost a task's worker (the message says which and why)."""
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None, workers: int | None, *, tasks: int) -> Iterator[Client]:
+    """A client of the cluster at `scheduler`, else of a local cluster of `workers` processes (default: one
+    per core, no more than `tasks`), one thread each, started on 127.0.0.1 and closed on leaving."""
+    from distributed import Client, LocalCluster
+    from distributed.comm import resolve_address
+
+    if scheduler is not None:
+        if workers is not None:
+            raise ClusterError(f"a number of workers is for a local cluster; the cluster at {scheduler} "
+                               "has its own")
+        try:
+            # checked first: a client given a malformed address fails, then hangs on closing
+            address = resolve_address(scheduler)
+            client = Client(address, timeout=SCHEDULER_TIMEOUT_S, set_as_default=False)
+        except (OSError, ValueError) as exc:      # unreachable (OSError, TimeoutError) or a malformed address
+            raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        with client:
+            yield client
+        return
+    if workers is not None and workers < 1:
+        raise ClusterError(f"a local cluster needs at least one worker (got {workers})")
+    n_workers = workers if workers is not None else max(1, min(tasks, len(os.sched_getaffinity(0))))
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None, silence_logs=logging.CRITICAL) as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            yield client
+
+
+def worker_path(path: Path, scheduler: str | None) -> Path:
+    """A path as a task must be given it: as it is for a local cluster (its workers share this process's
+    working directory), absolute for a running cluster (its workers may not)."""
+    return path if scheduler is None else path.resolve()
+
+
+@contextlib.contextmanager
+def cluster_failures() -> Iterator[None]:
+    """Turn the cluster's own failures (a worker killed, the scheduler gone) into a ClusterError; the
+    tasks' exceptions (a CaptureError, an AnalysisError) pass through as they are."""
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+    from distributed.comm.core import CommClosedError
+
+    try:
+        yield
+    except KilledWorker as exc:
+        raise ClusterError(f"a Dask worker died (out of memory?): {exc}") from None
+    except (FutureCancelledError, CommClosedError) as exc:
+        raise ClusterError(f"lost the Dask cluster: {exc}") from None
+
+
+def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, workers: int | None = None,
+                      progress_total: Callable[[int], ProgressFn] | None = None) -> Dataset:
+    """Decode captures (files or directories of them) of one job into one dataset, one Dask task per capture
+    (the largest first); progress advances by a capture's size as its task finishes."""
+    from distributed import as_completed
+
+    paths = expand_inputs(inputs)
+    sizes = [path.stat().st_size for path in paths]
+    with dask_client(scheduler, workers, tasks=len(paths)) as client, cluster_failures():
+        progress = progress_total(sum(sizes)) if progress_total else None
+        # pure=False: a key of its own per call, never another client's result on a shared cluster
+        futures = [client.submit(decode_capture, worker_path(path, scheduler),
+                                 flow_id_base=index << FLOW_ID_CAPTURE_SHIFT, priority=size, pure=False)
+                   for index, (path, size) in enumerate(zip(paths, sizes))]
+        index_of = {future.key: index for index, future in enumerate(futures)}
+        results = [None] * len(paths)
+        for future in as_completed(futures, loop=client.loop):
+            index = index_of[future.key]
+            # the dataset names the captures as the caller did, whatever the workers were told
+            results[index] = dataclasses.replace(future.result(), path=str(paths[index]))
+            if progress is not None:
+                progress(sizes[index])
+    return build_dataset(results)
