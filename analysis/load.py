@@ -40,7 +40,9 @@ class Dataset:
     clocks: pd.DataFrame | None = None     # clocks.parquet, when the messages' times were aligned with it
 
 
-def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+def _read(path: Path, columns: tuple[str, ...], protocol: str | None = None) -> pd.DataFrame:
+    """The named columns of a decode table; with `protocol`, only that protocol's rows (messages.parquet
+    holds ps-lite, Gloo, NCCL and RoCE messages side by side)."""
     if not path.exists():
         raise AnalysisError(f"{path}: not found — is {path.parent} the output of `dlcsniff decode`?")
     try:
@@ -51,7 +53,8 @@ def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     if missing:
         raise AnalysisError(f"{path}: missing columns {', '.join(missing)} — written by another dlcsniff version?")
     try:
-        return pq.read_table(path, columns=list(columns)).to_pandas()
+        filters = [("protocol", "=", protocol)] if protocol is not None else None
+        return pq.read_table(path, columns=list(columns), filters=filters).to_pandas()
     except (pa.ArrowInvalid, OSError) as exc:
         raise AnalysisError(f"{path}: cannot read ({exc})") from exc
 
@@ -62,7 +65,7 @@ def load_dataset(decode_dir: str | Path) -> Dataset:
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    messages = _read(decode_dir / "messages.parquet", MESSAGE_COLUMNS)
+    messages = _read(decode_dir / "messages.parquet", MESSAGE_COLUMNS, protocol="pslite")
     nodes = _read(decode_dir / "nodes.parquet", NODE_COLUMNS)
     clocks = None
     if (decode_dir / "clocks.parquet").exists():

@@ -167,7 +167,7 @@ def read_job_inputs(decode_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    return (_read(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
+    return (_read(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
             _read(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
 
 

@@ -77,6 +77,9 @@ class StreamConsumer(Protocol):
     def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
         """Account for `size` bytes (at most skippable_bytes), the last of them captured at ts_ns."""
 
+    def on_other_packet(self, linktype: int, data: memoryview | bytes, ts_ns: int) -> None:
+        """A packet that is no TCP segment."""
+
 
 def feed_packet(tcp: TcpReassembler, consumer: StreamConsumer, linktype: int, data: memoryview | bytes,
                 ts_ns: int, stats: ParseStats) -> bool:
@@ -129,13 +132,15 @@ class BatchDecoder:
 
     def _feed_packet(self, linktype: int, data, ts_ns: int) -> None:
         if not feed_packet(self.tcp, self.consumer, linktype, data, ts_ns, self.stats):
-            self.count_not_tcp(linktype)
+            self.not_tcp(linktype, data, ts_ns)
 
-    def count_not_tcp(self, linktype: int) -> None:
-        """A packet that is no TCP segment (the reason is in the ParseStats)."""
+    def not_tcp(self, linktype: int, data, ts_ns: int) -> None:
+        """A packet that is no TCP segment (the reason is in the ParseStats): the consumer may still read
+        it (UDP: RoCEv2; non-IP: RoCEv1)."""
         self.non_tcp_packets += 1
         if linktype not in SUPPORTED_LINKTYPES:
             self.unsupported_linktypes.add(linktype)
+        self.consumer.on_other_packet(linktype, data, ts_ns)
 
 
 # -- record headers ----------------------------------------------------------------------------------------
@@ -365,7 +370,7 @@ class _Batch:
             lt = self._linktype_of(i)
             seg = parse_packet(lt, self._data(i), int(ts_ns[i]), self.stats)
             if seg.__class__ is not Segment:
-                owner.count_not_tcp(lt)
+                owner.not_tcp(lt, self._data(i), int(ts_ns[i]))
                 continue
             self.segments[i] = seg
             key = (seg.src, seg.sport, seg.dst, seg.dport)

@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from decoders import byteps, mxnet, pslite
-from decoders.capture import CaptureError, open_capture
+from decoders.capture import CaptureError, Packet, open_capture
+from decoders.gloo import GlooCaptureDecoder
+from decoders.nccl_socket import NcclSocketCaptureDecoder
+from decoders.roce import RoceCaptureDecoder
 from decoders.errors import DecodeError
 from decoders.fastpath import BatchDecoder
 from decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
@@ -71,10 +74,15 @@ class _Stream:
     """What the pipeline keeps per TCP direction while decoding."""
     flow_id: int
     key: tuple
+    stream_id: int
+    syn_seen: bool
     zmtp: ZmtpDecoder | None = None
     ps: pslite.PsliteDecoder | None = None
     is_pslite: bool | None = None       # None: undecided, until the first message
-    prefix: bytes = b""                 # first bytes, until the protocol is decided
+    app: object | None = None           # the collective-library decoder that claimed it (APP_DECODERS)
+    held: list = field(default_factory=list)   # (bytes, ts_ns) seen before the protocol was decided
+    held_bytes: int = 0
+    declined: set = field(default_factory=set)  # application decoders that said "not mine"
     decided: bool = False
     decode_error: str | None = None
     announced_nodes: list = field(default_factory=list)   # (hostname, port) of ADD_NODE requests it sent
@@ -90,6 +98,7 @@ class CaptureResult:
     messages: dict[str, list]
     stream_announced: dict[int, list]          # flow_id → [(hostname, port)] from ADD_NODE requests
     nodes: list[tuple]                         # (node_id, role, hostname, port) from ADD_NODE replies
+    collectives: dict[str, list] = field(default_factory=dict)
     packets: int = 0
     bytes_read: int = 0
     non_tcp_packets: int = 0
@@ -100,23 +109,51 @@ class CaptureResult:
 
 
 _ZMTP_GREETING_SIGNATURE_END = 0x7F
+# Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
+PREFIX_BYTES = 64
+# The collective-library decoders, offered every TCP direction that is not ZMTP 2.0/3.x, in this order.
+APP_DECODERS = (GlooCaptureDecoder, NcclSocketCaptureDecoder, RoceCaptureDecoder)
 
 
-def _looks_like_zmtp(prefix: bytes) -> bool | None:
-    """True/False once enough bytes are known, None while more are needed.
-
-    ZMTP 2.0/3.x: 0xFF, 8 padding bytes, 0x7F (signature). ZMTP 1.0: a short identity frame
-    `len flags` with flags 0 (no MORE) — accepted only as the very first bytes of a stream.
-    """
+def _zmtp_signature(prefix: bytes) -> bool | None:
+    """ZMTP 2.0/3.x greeting signature (0xFF, 8 padding bytes, 0x7F): True/False, None while unknown."""
     if not prefix:
         return None
-    if prefix[0] == 0xFF:
-        if len(prefix) < 10:
-            return None
-        return prefix[9] == _ZMTP_GREETING_SIGNATURE_END or (prefix[9] & 0x01) == 0
-    if len(prefix) < 2:
-        return None
-    return prefix[1] == 0 and len(prefix) >= prefix[0] + 1 and prefix[0] >= 1
+    if prefix[0] != 0xFF:
+        return False
+    return None if len(prefix) < 10 else prefix[9] == _ZMTP_GREETING_SIGNATURE_END
+
+
+def _looks_like_zmtp10(prefix: bytes) -> bool:
+    """ZMTP 1.0 (or its long form): a short identity frame `len flags` with flags 0, or 0xFF + 8-byte
+    length. Weak on its own: asked only once no other decoder claimed the stream."""
+    if len(prefix) >= 10 and prefix[0] == 0xFF:
+        return (prefix[9] & 0x01) == 0
+    return len(prefix) >= 2 and prefix[1] == 0 and len(prefix) >= prefix[0] + 1 and prefix[0] >= 1
+
+
+# Columns in which the collective-library decoders name a TCP direction by the reassembler's stream number.
+_STREAM_ID_COLUMNS = {"nccl_control_stream_id": "nccl_control_flow_id",
+                      "nccl_setup_stream_id": "nccl_setup_flow_id"}
+
+
+def _column_length(columns: dict[str, list]) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def _append_row(columns: dict[str, list], row: dict) -> None:
+    """Append one row to aligned column lists; a column new to them is null in the rows before."""
+    n = _column_length(columns)
+    for name in row.keys() - columns.keys():
+        columns[name] = [None] * n
+    for name, values in columns.items():
+        values.append(row.get(name))
+
+
+def _set_cell(columns: dict[str, list], name: str, i: int, value) -> None:
+    if name not in columns:
+        columns[name] = [None] * _column_length(columns)
+    columns[name][i] = value
 
 
 class _CaptureDecoder:
@@ -129,6 +166,8 @@ class _CaptureDecoder:
         self.msg_rows: dict[str, list] = collections.defaultdict(list)
         self.nodes: list[tuple] = []
         self.undecoded_messages = 0
+        self.apps = [cls() for cls in APP_DECODERS]
+        self.app_rows: list[tuple] = []      # (decoder, CaptureRows) once finished
 
     # -- TCP events -----------------------------------------------------------------------
     def on_tcp_event(self, ev) -> None:
@@ -137,56 +176,96 @@ class _CaptureDecoder:
             if st.zmtp is not None:
                 st.zmtp.receive_data(ev.data, ev.ts_ns)
                 self._drain(st)
+            elif st.app is not None:
+                st.app.on_data(st.stream_id, ev.data, ev.ts_ns)
             elif not st.decided:
-                self._detect(st, ev.data, ev.ts_ns)
+                st.held.append((bytes(ev.data), ev.ts_ns))
+                st.held_bytes += len(ev.data)
+                self._decide(st, final=False)
         elif isinstance(ev, StreamGap):
             st = self.streams[ev.stream_id]
+            if not st.decided:
+                self._decide(st, final=True)
             if st.zmtp is not None:
                 st.zmtp.receive_gap(ev.size, ev.ts_ns)
                 self._drain(st)
-            elif not st.decided:
-                # The protocol's first bytes are lost: try ZMTP resynchronisation on ps-lite metas.
-                self._start_zmtp(st, midstream=True)
-                st.zmtp.receive_gap(ev.size, ev.ts_ns)
+            elif st.app is not None:
+                st.app.on_gap(st.stream_id, ev.size, ev.ts_ns)
         elif isinstance(ev, StreamStarted):
-            st = _Stream(flow_id=self.flow_id_base + ev.stream_id, key=ev.key)
-            self.streams[ev.stream_id] = st
-            if not ev.syn_seen:
-                self._start_zmtp(st, midstream=True)
+            self.streams[ev.stream_id] = _Stream(flow_id=self.flow_id_base + ev.stream_id, key=ev.key,
+                                                 stream_id=ev.stream_id, syn_seen=ev.syn_seen)
         elif isinstance(ev, StreamEnded):
             st = self.streams[ev.stream_id]
+            if not st.decided:
+                self._decide(st, final=True)
             if st.zmtp is not None:
                 st.zmtp.receive_data(b"", ev.ts_ns)
                 self._drain(st)
+            elif st.app is not None:
+                st.app.on_end(st.stream_id, ev.ts_ns)
+
+    def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
+        """A packet that is no TCP segment (UDP, RoCEv1...): offered to the decoders that read packets."""
+        packet = Packet(ts_ns, linktype, data, len(data), 0)
+        for app in self.apps:
+            on_packet = getattr(app, "on_packet", None)
+            if on_packet is not None and on_packet(packet):
+                return
 
     def skippable_bytes(self, stream_id: int) -> int:
         """How many of the stream's next bytes need not be seen (decoders.fastpath.StreamConsumer)."""
         st = self.streams[stream_id]
         if st.zmtp is not None:
             return st.zmtp.skippable_bytes()
-        return UNLIMITED_SKIP_BYTES if st.decided else 0
+        return UNLIMITED_SKIP_BYTES if st.decided and st.app is None else 0
 
     def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
         zmtp = self.streams[stream_id].zmtp
         if zmtp is not None:
             zmtp.skip(size, ts_ns)
 
-    def _detect(self, st: _Stream, data: memoryview, ts_ns: int) -> None:
-        prefix = st.prefix + bytes(data[: 16 - len(st.prefix)]) if len(st.prefix) < 16 else st.prefix
-        verdict = _looks_like_zmtp(prefix)
-        if verdict is None:
-            st.prefix = prefix
-            if len(prefix) >= 16:
-                st.decided = True
+    def _decide(self, st: _Stream, *, final: bool) -> None:
+        """Whose is this TCP direction? ZMTP 2.0/3.x by its signature; else the first collective-library
+        decoder that claims it; else ZMTP 1.0 or, caught mid-connection, ZMTP by resynchronisation on
+        ps-lite metas; else plain TCP. Held bytes go to the winner."""
+        prefix = b"".join(chunk for chunk, _ in st.held)[:PREFIX_BYTES]
+        signature = _zmtp_signature(prefix)
+        if signature is None and not final:
             return
+        winner = None
+        if not (signature and st.syn_seen):
+            waiting = False
+            for app in self.apps:
+                if app in st.declined:
+                    continue
+                verdict = app.claim(st.stream_id, st.key, st.syn_seen, prefix)
+                if verdict:
+                    winner = app
+                    break
+                if verdict is None:
+                    waiting = True
+                else:
+                    st.declined.add(app)
+            if winner is None and waiting and not final and len(prefix) < PREFIX_BYTES:
+                return
         st.decided = True
-        if verdict:
+        held, st.held, st.held_bytes = st.held, [], 0
+        if winner is not None:
+            st.app = winner
+            for chunk, ts_ns in held:
+                winner.on_data(st.stream_id, memoryview(chunk), ts_ns)
+            return
+        if signature and st.syn_seen:
             self._start_zmtp(st, midstream=False)
-            if st.prefix:
-                st.zmtp.receive_data(st.prefix, ts_ns)
-            st.zmtp.receive_data(data, ts_ns)
-            self._drain(st)
-        st.prefix = b""
+        elif not st.syn_seen or not held:
+            self._start_zmtp(st, midstream=True)     # its start is not in the capture
+        elif _looks_like_zmtp10(prefix):
+            self._start_zmtp(st, midstream=False)
+        else:
+            return                                   # plain TCP
+        for chunk, ts_ns in held:
+            st.zmtp.receive_data(chunk, ts_ns)
+        self._drain(st)
 
     def _start_zmtp(self, st: _Stream, *, midstream: bool) -> None:
         st.decided = True
@@ -266,6 +345,46 @@ class _CaptureDecoder:
             if st.zmtp is not None:
                 st.zmtp.receive_data(b"", 0)
                 self._drain(st)
+        self.app_rows = [(app, app.finish()) for app in self.apps]
+
+    def _flow_ids(self, row: dict) -> dict:
+        """A decoder's row with the TCP directions it names by stream number named by flow_id."""
+        row = dict(row)
+        for stream_column, flow_column in _STREAM_ID_COLUMNS.items():
+            if stream_column in row:
+                value = row.pop(stream_column)
+                row[flow_column] = None if value is None else self.flow_id_base + value
+        return row
+
+    def app_columns(self, streams: dict[str, list]) -> dict[str, list]:
+        """Fold the collective-library decoders' rows in: their messages after ps-lite's (in `msg_rows`),
+        their TCP-direction columns into `streams`, their own stream rows (RoCE) after the TCP ones.
+        Returns the collectives' columns and adds to `streams` in place."""
+        collectives: dict[str, list] = collections.defaultdict(list)
+        row_of_stream = {flow: i for i, flow in enumerate(streams["flow_id"])}
+        next_flow = self.flow_id_base + len(self.tcp.streams)
+        for app, rows in self.app_rows:
+            extra_flow = {}
+            for index, row in enumerate(rows.extra_streams):
+                extra_flow[index] = next_flow
+                _append_row(streams, {**row, "flow_id": next_flow})
+                next_flow += 1
+            for stream_id, columns in rows.streams.items():
+                i = row_of_stream[self.flow_id_base + stream_id]
+                for name, value in self._flow_ids(columns).items():
+                    _set_cell(streams, name, i, value)
+            for row in rows.messages:
+                row = self._flow_ids(row)
+                stream_id = row.pop("stream_id", None)
+                if stream_id is not None:
+                    row["flow_id"] = self.flow_id_base + stream_id
+                elif row.get("extra_stream") is not None:
+                    row["flow_id"] = extra_flow[row["extra_stream"]]
+                row.setdefault("protocol", app.protocol)
+                _append_row(self.msg_rows, row)
+            for row in rows.collectives:
+                _append_row(collectives, row)
+        return collectives
 
     def stream_columns(self) -> dict[str, list]:
         cols: dict[str, list] = collections.defaultdict(list)
@@ -340,10 +459,11 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
                 raise CaptureError(f"{path}: {exc}") from None
             warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
     streams = dec.stream_columns()
+    collectives = dec.app_columns(streams)
     announced = {st.flow_id: st.announced_nodes for st in dec.streams.values() if st.announced_nodes}
     return CaptureResult(
         capture=name, path=str(path), streams=dict(streams), zmtp=dict(dec.zmtp_rows),
-        messages=dict(dec.msg_rows), stream_announced=announced, nodes=dec.nodes,
+        messages=dict(dec.msg_rows), stream_announced=announced, nodes=dec.nodes, collectives=dict(collectives),
         packets=packets, bytes_read=bytes_read, non_tcp_packets=batches.non_tcp_packets,
         parse_stats=stats.as_dict(), warnings=warnings, undecoded_messages=dec.undecoded_messages,
         bulk_packets=batches.bulk_packets,
@@ -362,13 +482,15 @@ class Dataset:
 
 
 def _concat(results: list[CaptureResult], attr: str) -> dict[str, list]:
-    """Concatenate one kind of column lists over captures, adding the `capture` column."""
-    out: dict[str, list] = collections.defaultdict(list)
+    """Concatenate one kind of column lists over captures, adding the `capture` column; a column some
+    captures lack is null in their rows."""
+    names = {name for res in results for name in getattr(res, attr)} - {"capture"}
+    out: dict[str, list] = {name: [] for name in names | {"capture"}}
     for res in results:
         cols = getattr(res, attr)
-        n = len(next(iter(cols.values()))) if cols else 0
-        for name, values in cols.items():
-            out[name].extend(values)
+        n = _column_length(cols)
+        for name in names:
+            out[name].extend(cols.get(name, [None] * n))
         out["capture"].extend([res.capture] * n)
     return out
 
@@ -507,11 +629,13 @@ def _mark_router_sides(streams: dict[str, list], endpoints: dict) -> None:
 
 def build_dataset(results: list[CaptureResult]) -> Dataset:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
-    from decoders.dataset import table_from_columns
+    from decoders.dataset import MESSAGES_SCHEMA, table_from_columns
 
     streams = _concat(results, "streams")
     zmtp = _concat(results, "zmtp")
     messages = _concat(results, "messages")
+    for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
+        messages.setdefault(name, [None] * _column_length(messages))
     nodes = _node_table(results)
     endpoints = _resolve_endpoints(streams, messages, results, nodes)
 
@@ -525,7 +649,7 @@ def build_dataset(results: list[CaptureResult]) -> Dataset:
     messages["recver_id"] = recver_ids
     messages["sender_role"] = [role_of.get(s, pslite.role_of_id(s)) for s in sender_ids]
     messages["recver_role"] = [role_of.get(r, pslite.role_of_id(r)) for r in recver_ids]
-    messages["protocol"] = ["pslite"] * n_msgs
+    messages["protocol"] = [p or "pslite" for p in messages.get("protocol", [None] * n_msgs)]
     server_ids = sorted(nid for nid, role in role_of.items() if role == "server")
     ranks_by_id = {nid: pslite.server_rank(nid) for nid in server_ids}
     for nid in set(sender_ids) | set(recver_ids):
@@ -551,16 +675,23 @@ def build_dataset(results: list[CaptureResult]) -> Dataset:
         "zmtp": table_from_columns("zmtp", zmtp),
         "messages": table_from_columns("messages", messages),
         "nodes": table_from_columns("nodes", node_cols),
+        "collectives": table_from_columns("collectives", _concat(results, "collectives")),
     }
     summary = _summary(results, tables)
     summary["unattributed_messages"] = unattributed
     return Dataset(tables=tables, summary=summary)
 
 
+ROCE_COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
+
+
 def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     streams = tables["streams"].to_pandas()
-    messages = tables["messages"].select(["complete", "control_cmd", "sender_role", "recver_role"]).to_pandas()
+    tcp = streams[streams["syn_seen"].notna()]              # TCP directions (RoCE rows have no handshake)
+    roce = streams[streams["protocol"] == "roce"]
+    messages = tables["messages"].select(["protocol", "complete", "control_cmd"]).to_pandas()
     zmtp = tables["zmtp"].select(["command", "complete"]).to_pandas()
+    collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
     return {
         "captures": [
             {"capture": r.capture, "path": r.path, "packets": r.packets, "non_tcp_packets": r.non_tcp_packets,
@@ -569,17 +700,21 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         ],
         "packets": sum(r.packets for r in results),
         "flows_by_protocol": streams.groupby("protocol").size().to_dict() if len(streams) else {},
-        "tcp_bytes": int(streams["bytes"].sum()) if len(streams) else 0,
-        "missing_bytes": int(streams["missing_bytes"].sum()) if len(streams) else 0,
-        "retransmitted_bytes": int(streams["retransmitted_bytes"].sum()) if len(streams) else 0,
-        "streams_with_holes": int((streams["missing_bytes"] > 0).sum()) if len(streams) else 0,
-        "midstream_streams": int((~streams["syn_seen"]).sum()) if len(streams) else 0,
-        "zmtp_lost_bytes": int(streams["lost_bytes"].sum()) if len(streams) else 0,
+        "tcp_bytes": int(tcp["bytes"].sum()),
+        "missing_bytes": int(tcp["missing_bytes"].sum()),
+        "retransmitted_bytes": int(tcp["retransmitted_bytes"].sum()),
+        "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
+        "midstream_streams": int((tcp["syn_seen"] == False).sum()),  # noqa: E712 (a nullable column)
+        "zmtp_lost_bytes": int(tcp["lost_bytes"].sum()),
+        "roce": {name: int(roce[name].sum()) for name in ROCE_COUNTERS} if len(roce) else {},
         "zmtp_messages": int(zmtp["command"].isna().sum()),
         "zmtp_commands": int(zmtp["command"].notna().sum()),
         "messages": len(messages),
-        "incomplete_messages": int((~messages["complete"]).sum()),
+        "messages_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
+        "incomplete_messages": int((~messages["complete"].fillna(False).astype(bool)).sum()),
         "control_messages": int(messages["control_cmd"].notna().sum()),
+        "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
+                                collectives.groupby(["protocol", "kind"]).size().items()},
         "undecoded_messages": sum(r.undecoded_messages for r in results),
         "nodes": tables["nodes"].num_rows,
         "warnings": [w for r in results for w in r.warnings],

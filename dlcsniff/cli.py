@@ -43,6 +43,18 @@ def main(
     """Capture, decode and analyse distributed deep-learning traffic."""
 
 
+Engine = Annotated[Literal["pandas", "dask"], typer.Option(
+    "--engine", help="pandas: this machine's processes; dask: a Dask cluster (a local one unless --scheduler).")]
+SchedulerAddress = Annotated[Optional[str], typer.Option(
+    "--scheduler", help="Address of a running Dask scheduler (e.g. tcp://10.0.0.5:8786), for --engine dask; "
+    "its workers must see the same files under the same absolute paths.")]
+
+
+def _check_engine(engine: str, scheduler: Optional[str]) -> None:
+    if scheduler is not None and engine != "dask":
+        _fail("--scheduler needs --engine dask")
+
+
 @app.command()
 def decode(
     captures: Annotated[list[Path], typer.Argument(help="Capture files (pcap/pcapng, optionally .gz) or "
@@ -51,14 +63,23 @@ def decode(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress",
                                                      help="Progress bar (default: on large inputs).")] = None,
+    engine: Engine = "pandas",
+    scheduler: SchedulerAddress = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="Processes decoding captures in parallel (pandas: forked, 0 = none; dask: the local "
+        "cluster's workers). Default: one per core, when it pays.")] = None,
 ) -> None:
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
-    Example: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync
+    Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
+    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
     """
     from decoders.capture import CaptureError
+    from decoders.dask_engine import ClusterError, decode_paths_dask
     from decoders.dataset import write_dataset
     from decoders.pipeline import decode_paths
+
+    _check_engine(engine, scheduler)
 
     bar = None
 
@@ -74,8 +95,11 @@ def decode(
         return lambda n: bar.advance(task, n)
 
     try:
-        dataset = decode_paths(captures, progress_total=progress_total)
-    except CaptureError as exc:
+        if engine == "dask":
+            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
+        else:
+            dataset = decode_paths(captures, progress_total=progress_total, workers=workers)
+    except (CaptureError, ClusterError) as exc:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"{exc.filename or ''}: {exc.strerror or exc}")
@@ -119,16 +143,24 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
               f"{summary['midstream_streams']} flows started before the capture; "
               f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
     out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
-    out.print(f"ps-lite: {summary['messages']:,} messages ({summary['control_messages']:,} control, "
-              f"{summary['incomplete_messages']:,} incomplete) between {summary['nodes']} nodes")
-    messages = tables["messages"].to_pandas()
-    kv = messages[messages["control_cmd"].isna() & messages["keys"].map(len).gt(0)]
+    by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
+    out.print(f"messages by protocol: {by_protocol or 'none'} ({summary['incomplete_messages']:,} incomplete; "
+              f"ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes)")
+    if summary["roce"]:
+        out.print("RoCE: " + ", ".join(f"{name.replace('_', ' ')} {n:,}" for name, n in summary["roce"].items()))
+    if summary["collectives_by_kind"]:
+        out.print("collectives: " + ", ".join(f"{kind} {n:,}" for kind, n in summary["collectives_by_kind"].items()))
+    messages = tables["messages"].select(
+        ["protocol", "control_cmd", "keys", "push", "pull", "request", "sender_role", "recver_role", "size_bytes",
+         "tensor_key"]).to_pandas()
+    kv = messages[(messages["protocol"] == "pslite") & messages["control_cmd"].isna()
+                  & messages["keys"].map(lambda keys: keys is not None and len(keys) > 0)]
     if len(kv):
         kinds = Table(title="ps-lite KV traffic", title_justify="left")
         for col in ("sender", "recver", "kind", "messages", "bytes", "tensors"):
             kinds.add_column(col, justify="left" if col in ("sender", "recver", "kind") else "right")
-        kind = (kv["push"].map({True: "push", False: ""}) + kv["pull"].map({True: "pull", False: ""})).where(
-            lambda s: s != "", "other") + kv["request"].map({True: " request", False: " response"})
+        kind = (kv["push"].map({True: "push", False: ""}) + kv["pull"].map({True: "+pull", False: ""})).str.strip(
+            "+").where(lambda s: s != "", "other") + kv["request"].map({True: " request", False: " response"})
         grouped = kv.assign(kind=kind).groupby(["sender_role", "recver_role", "kind"], dropna=False).agg(
             messages=("size_bytes", "size"), bytes=("size_bytes", "sum"), tensors=("tensor_key", "nunique"))
         for (snd, rcv, k), row in grouped.iterrows():
@@ -180,18 +212,32 @@ def stats(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the statistics tables.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the tables.")] = False,
+    engine: Engine = "pandas",
+    scheduler: SchedulerAddress = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="Workers of the local Dask cluster (--engine dask; default: 2, the graph's "
+        "parallel tasks, at most one per core).")] = None,
 ) -> None:
     """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics).
 
     Writes iterations.parquet, keys.parquet, sizes.parquet, traffic.parquet, volume_iterations.parquet,
-    volume_keys.parquet and summary.json. Example: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats
+    volume_keys.parquet and summary.json. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
+    dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
     """
     from analysis import AnalysisError, headline, summary_json, write_statistics
+    from analysis.dask_engine import write_statistics_dask
+    from decoders.dask_engine import ClusterError
 
+    _check_engine(engine, scheduler)
+    if workers is not None and engine != "dask":
+        _fail("--workers needs --engine dask (the pandas statistics run in this process)")
     try:
         with err.status("computing the statistics"):
-            result = write_statistics(decode_dir, out_dir)
-    except AnalysisError as exc:
+            if engine == "dask":
+                result = write_statistics_dask(decode_dir, out_dir, scheduler=scheduler, workers=workers)
+            else:
+                result = write_statistics(decode_dir, out_dir)
+    except (AnalysisError, ClusterError) as exc:
         _fail(str(exc))
     if as_json:
         print(summary_json(result))

@@ -265,6 +265,9 @@ class _Recorder:
     def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
         self.events.append(("skipped", stream_id, size, ts_ns))
 
+    def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
+        pass    # compared elsewhere: the RoCE rows of both paths (test_batched_and_per_packet_*)
+
 
 def _stream_state(tcp: TcpReassembler) -> list[dict]:
     return [{name: getattr(s, name) for name in TcpStream.__slots__} for s in tcp.streams]
