@@ -2,30 +2,37 @@
 
 load (read the decode output) → operations (records: what each node sent and received, as which of the
 paper's operations, in which iteration) → dlc / iterations / overheads / pattern / summary (pure functions
-over DataFrames) → report (plots, HTML). The three functions below are what the CLI calls.
+over DataFrames) → report (plots, HTML). Collective operations (collectives.parquet) take the same road
+through analysis.collectives. The functions below are what the CLI calls.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.collectives import CollectiveStats, collective_statistics, collective_statistics_of
 from analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
 from analysis.latency import JobStats, job_statistics
-from analysis.load import AnalysisError, Dataset, load_dataset
+from analysis.load import AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset
 from analysis.merge import JobView, job_view, load_job_view, write_job_view
 from analysis.operations import OPERATIONS, Trace, build_records
-from analysis.report import write_report
 from analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
-    "DLC_HEADER", "OPERATIONS", "AnalysisError", "Dataset", "DlcFile", "JobStats", "JobView", "Stats", "Trace",
-    "build_records", "compute_stats", "dlc_table", "headline", "job_statistics", "job_view", "load_dataset",
-    "load_job_view", "read_dlc", "summary_json", "trace_of", "write_dlc", "write_dlc_traces", "write_html_report",
-    "write_job_view", "write_report", "write_statistics", "write_stats",
+    "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
+    "JobStats", "JobView", "Stats", "Trace", "build_records", "collective_statistics", "collective_statistics_of",
+    "compute_stats", "dlc_table", "headline", "job_statistics", "job_view", "load_collectives", "load_dataset",
+    "load_job_view", "pslite_trace", "read_dlc", "summary_json", "trace_of", "write_dlc", "write_dlc_traces",
+    "write_html_report", "write_job_view", "write_statistics", "write_stats",
 ]
 
 
 def trace_of(decode_dir: str | Path) -> Trace:
     return build_records(load_dataset(decode_dir))
+
+
+def pslite_trace(dataset: Dataset) -> Trace | None:
+    """The job's ps-lite trace; None when it has no ps-lite message (a collective-library job)."""
+    return build_records(dataset) if len(dataset.messages) else None
 
 
 def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace, list[DlcFile]]:
@@ -36,13 +43,16 @@ def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace
 
 def write_statistics(decode_dir: str | Path, out_dir: str | Path) -> Stats:
     """`dlcsniff stats`: the statistics tables (Parquet) and summary.json of the decoded job, with the
-    merged view's (requests, in flight, connections, key updates; analysis.latency)."""
-    stats = compute_stats(trace_of(decode_dir), source=str(decode_dir), job=job_statistics(decode_dir))
+    merged view's (requests, in flight, connections, key updates; analysis.latency) and its collectives'."""
+    stats = compute_stats(pslite_trace(load_dataset(decode_dir)), source=str(decode_dir),
+                          job=job_statistics(decode_dir), collectives=collective_statistics_of(decode_dir))
     write_stats(stats, out_dir)
     return stats
 
 
 def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str | Path | None = None) -> Path:
     """`dlcsniff report`: one self-contained HTML file with the figures (and them as PNG files too)."""
-    trace = trace_of(decode_dir)
-    return write_report(trace, compute_stats(trace, source=str(decode_dir)), path, figures_dir)
+    from analysis.report import write_report     # matplotlib: loaded only by the command that draws
+    trace = pslite_trace(load_dataset(decode_dir))
+    stats = compute_stats(trace, source=str(decode_dir), collectives=collective_statistics_of(decode_dir))
+    return write_report(trace, stats, path, figures_dir)

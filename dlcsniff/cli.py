@@ -215,16 +215,20 @@ def stats(
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="Workers of the local Dask cluster (--engine dask; default: 2, the graph's "
-        "parallel tasks, at most one per core).")] = None,
+        "--workers", help="Workers of the local Dask cluster (--engine dask; default: one per core, at most "
+        "3, the statistics' parallel branches).")] = None,
 ) -> None:
-    """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics).
+    """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics);
+    time, bandwidth, skew, traffic matrices and overlap of collective operations.
 
     Writes iterations.parquet, keys.parquet, sizes.parquet, traffic.parquet, volume_iterations.parquet,
-    volume_keys.parquet and summary.json. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
-    dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
+    volume_keys.parquet (ps-lite jobs), collective_stats.parquet, collective_ranks.parquet,
+    collective_traffic.parquet, collective_concurrency.parquet, collective_overlap.parquet (collective jobs)
+    and summary.json. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
+    dlcsniff stats out/gloo --out out/gloo/stats; dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
     """
     from analysis import AnalysisError, headline, summary_json, write_statistics
+    from analysis.collectives import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
     from analysis.dask_engine import write_statistics_dask
     from decoders.dask_engine import ClusterError
 
@@ -242,21 +246,35 @@ def stats(
     if as_json:
         print(summary_json(result))
         return
-    figures = Table(title=f"SketchDLC figures of {decode_dir}", title_justify="left")
-    figures.add_column("metric")
-    figures.add_column("value", justify="right")
-    for metric, value in headline(result.summary):
-        figures.add_row(metric, value)
-    out.print(figures)
-    spread = Table(title="distribution", title_justify="left")
-    for col in ("statistic", "count", "mean", "p50", "p99", "max"):
-        spread.add_column(col, justify="left" if col == "statistic" else "right")
-    for name, found in result.summary["statistics"].items():
-        if found is None:
-            spread.add_row(name, "0", "n/a", "n/a", "n/a", "n/a")
-        else:
-            spread.add_row(name, str(found["count"]), *(f"{found[k]:.4g}" for k in ("mean", "p50", "p99", "max")))
-    out.print(spread)
+    if "statistics" in result.summary:
+        figures = Table(title=f"SketchDLC figures of {decode_dir}", title_justify="left")
+        figures.add_column("metric")
+        figures.add_column("value", justify="right")
+        for metric, value in headline(result.summary):
+            figures.add_row(metric, value)
+        out.print(figures)
+        spread = Table(title="distribution", title_justify="left")
+        for col in ("statistic", "count", "mean", "p50", "p99", "max"):
+            spread.add_column(col, justify="left" if col == "statistic" else "right")
+        for name, found in result.summary["statistics"].items():
+            if found is None:
+                spread.add_row(name, "0", "n/a", "n/a", "n/a", "n/a")
+            else:
+                spread.add_row(name, str(found["count"]), *(f"{found[k]:.4g}" for k in ("mean", "p50", "p99", "max")))
+        out.print(spread)
+    if "collectives" in result.summary:
+        collectives = Table(title=f"collectives of {decode_dir}", title_justify="left")
+        collectives.add_column("metric")
+        collectives.add_column("value", justify="right")
+        for metric, value in collective_headline(result.summary["collectives"]):
+            collectives.add_row(metric, value)
+        out.print(collectives)
+        kinds = Table(title="per kind (busbw as nccl-tests; skew across ranks)", title_justify="left")
+        for col in KIND_TABLE_HEADER:
+            kinds.add_column(col, justify="left" if col == "kind" else "right")
+        for row in collective_kind_rows(result.summary["collectives"]):
+            kinds.add_row(*row)
+        out.print(kinds)
     losses = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in result.summary["losses"].items())
     out.print(f"{losses}\nwrote the tables and summary.json to {out_dir}")
 

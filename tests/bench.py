@@ -122,7 +122,8 @@ SECTIONS = {
     "decode": section_decode,
     "hotpath": section_hotpath,
 }
-for _name, _module in (("analysis", "tests.bench_analysis"), ("capture", "tests.bench_capture")):
+for _name, _module in (("analysis", "tests.bench_analysis"), ("capture", "tests.bench_capture"),
+                       ("dask", "tests.bench_dask")):
     if (REPO / (_module.replace(".", "/") + ".py")).exists():
         SECTIONS[_name] = _module_section(_module)
 
