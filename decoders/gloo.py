@@ -30,9 +30,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-import pandas as pd
-
-from decoders import collectives, tcpstore
+from decoders import tcpstore
 from decoders.errors import DecodeError
 from decoders.packet import ip_to_str
 from decoders.rows import CaptureRows, frame_rows
@@ -553,10 +551,13 @@ class GlooCaptureDecoder:
             rows.streams[stream_id] = {"protocol": "tcpstore", "decode_error": connection.decoder.failed,
                                        # the connection's lost bytes, counted once, on the client's row
                                        "lost_bytes": connection.decoder.lost_bytes if is_client else None}
-        gloo_messages = pd.DataFrame(rows.messages)
+        if rows.messages:
+            # pandas only where there is Gloo traffic: the decoders stay quick to import for the others
+            import pandas as pd
+
+            from decoders.collectives import collectives_from_messages
+            rows.collectives = frame_rows(collectives_from_messages(pd.DataFrame(rows.messages)))
         rows.messages.extend(self._store_rows)
-        if not gloo_messages.empty:
-            rows.collectives = frame_rows(collectives.collectives_from_messages(gloo_messages))
         return rows
 
     # -- Gloo streams -----------------------------------------------------------------------------
