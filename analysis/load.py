@@ -3,7 +3,8 @@
 Only the scalar columns the analysis needs are read (list columns such as `keys` cost more to load than all
 the statistics cost to compute). When the directory holds clocks.parquet (see analysis.merge), every
 message's times are put on the job's one timeline, the reference capture's clock; each capture's own
-reading stays in capture_ts_first_ns / capture_ts_last_ns.
+reading stays in capture_ts_first_ns / capture_ts_last_ns. The same holds for the collective operations
+(collectives.parquet) that `load_collectives` reads, with the collective libraries' messages.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.clocks import CLOCK_COLUMNS, align
@@ -28,6 +30,12 @@ MESSAGE_COLUMNS = (
     "simple_app_cmd", "complete", "flavor",
 )
 NODE_COLUMNS = ("node_id", "role", "rank", "hostname", "port")
+COLLECTIVE_COLUMNS = (
+    "protocol", "capture", "pg", "kind", "seq", "world_size", "local_rank", "ts_first_ns", "ts_last_ns",
+    "wire_bytes_sent", "wire_bytes_received", "tensor_bytes", "peers", "algorithm", "messages", "complete",
+)
+COLLECTIVE_MESSAGE_COLUMNS = ("protocol", "capture", "pg", "collective", "seq", "src_rank", "dst_rank", "outgoing",
+                              "payload_bytes", "size_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +48,21 @@ class Dataset:
     clocks: pd.DataFrame | None = None     # clocks.parquet, when the messages' times were aligned with it
 
 
-def _read(path: Path, columns: tuple[str, ...], protocol: str | None = None) -> pd.DataFrame:
+@dataclass(frozen=True, slots=True)
+class CollectiveDataset:
+    """A decoded job's collective operations (one row per operation per capture, COLLECTIVE_COLUMNS) and the
+    collective libraries' messages (COLLECTIVE_MESSAGE_COLUMNS, the rows that name a collective)."""
+
+    collectives: pd.DataFrame
+    messages: pd.DataFrame
+    source: str
+    clocks: pd.DataFrame | None = None     # clocks.parquet rows of the captures whose times it aligned
+
+
+def _read(path: Path, columns: tuple[str, ...], protocol: str | None = None,
+          where: pc.Expression | None = None) -> pd.DataFrame:
     """The named columns of a decode table; with `protocol`, only that protocol's rows (messages.parquet
-    holds ps-lite, Gloo, NCCL and RoCE messages side by side)."""
+    holds ps-lite, Gloo, NCCL and RoCE messages side by side); with `where`, only the rows it selects."""
     if not path.exists():
         raise AnalysisError(f"{path}: not found — is {path.parent} the output of `dlcsniff decode`?")
     try:
@@ -53,8 +73,9 @@ def _read(path: Path, columns: tuple[str, ...], protocol: str | None = None) -> 
     if missing:
         raise AnalysisError(f"{path}: missing columns {', '.join(missing)} — written by another dlcsniff version?")
     try:
-        filters = [("protocol", "=", protocol)] if protocol is not None else None
-        return pq.read_table(path, columns=list(columns), filters=filters).to_pandas()
+        if protocol is not None:
+            where = pc.field("protocol") == protocol if where is None else where & (pc.field("protocol") == protocol)
+        return pq.read_table(path, columns=list(columns), filters=where).to_pandas()
     except (pa.ArrowInvalid, OSError) as exc:
         raise AnalysisError(f"{path}: cannot read ({exc})") from exc
 
@@ -67,10 +88,40 @@ def load_dataset(decode_dir: str | Path) -> Dataset:
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
     messages = _read(decode_dir / "messages.parquet", MESSAGE_COLUMNS, protocol="pslite")
     nodes = _read(decode_dir / "nodes.parquet", NODE_COLUMNS)
-    clocks = None
-    if (decode_dir / "clocks.parquet").exists():
-        clocks = _read(decode_dir / "clocks.parquet", CLOCK_COLUMNS)
-        for column in ("ts_first_ns", "ts_last_ns"):
-            messages[f"capture_{column}"] = messages[column]
-            messages[column] = align(messages[column], messages["capture"], clocks).to_numpy(np.int64)
+    clocks = _clocks(decode_dir)
+    if clocks is not None:
+        _align(messages, clocks)
     return Dataset(messages=messages, nodes=nodes, source=str(decode_dir), clocks=clocks)
+
+
+def _clocks(decode_dir: Path) -> pd.DataFrame | None:
+    return _read(decode_dir / "clocks.parquet", CLOCK_COLUMNS) if (decode_dir / "clocks.parquet").exists() else None
+
+
+def _align(table: pd.DataFrame, clocks: pd.DataFrame) -> None:
+    """ts_first_ns / ts_last_ns on the reference clock, in place; the capture's own in capture_ts_*_ns."""
+    for column in ("ts_first_ns", "ts_last_ns"):
+        table[f"capture_{column}"] = table[column]
+        table[column] = align(table[column], table["capture"], clocks).to_numpy(np.int64)
+
+
+def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
+    """DIR/collectives.parquet and the messages that name a collective, on the job's one timeline for the
+    captures DIR/clocks.parquet aligns (the others keep their own clock); None when the job has no
+    collective operation (or was decoded before dlcsniff knew them)."""
+    decode_dir = Path(decode_dir)
+    path = decode_dir / "collectives.parquet"
+    if not path.exists():
+        return None
+    collectives = _read(path, COLLECTIVE_COLUMNS)
+    if len(collectives) == 0:
+        return None
+    messages = _read(decode_dir / "messages.parquet", COLLECTIVE_MESSAGE_COLUMNS,
+                     where=pc.field("collective").is_valid())
+    clocks = _clocks(decode_dir)
+    aligned = None if clocks is None else clocks[clocks["aligned"].fillna(False).astype(bool).to_numpy()]
+    if aligned is not None and len(aligned):
+        _align(collectives, aligned)
+    else:
+        aligned = None
+    return CollectiveDataset(collectives=collectives, messages=messages, source=str(decode_dir), clocks=aligned)

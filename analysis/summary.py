@@ -1,4 +1,8 @@
-"""All statistics of a trace, their summary (means and percentiles), and the files `dlcsniff stats` writes."""
+"""All statistics of a job, their summary (means and percentiles), and the files `dlcsniff stats` writes.
+
+A job has a ps-lite trace (the SketchDLC statistics), collective operations (analysis.collectives), or both;
+the tables and summary sections of the part it lacks are absent.
+"""
 from __future__ import annotations
 
 import json
@@ -17,6 +21,7 @@ from analysis.overheads import key_overheads
 from analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
 
 if TYPE_CHECKING:
+    from analysis.collectives import CollectiveStats
     from analysis.latency import JobStats
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -27,18 +32,24 @@ KEY_STATISTICS = ("sync_overhead_us", "update_overhead_us", "search_overhead_us"
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    iterations: pd.DataFrame
-    keys: pd.DataFrame
-    sizes: pd.DataFrame
-    traffic: pd.DataFrame
-    volume_iterations: pd.DataFrame
-    volume_keys: pd.DataFrame
+    """The SketchDLC tables are None when the job has no ps-lite traffic; `collectives` is None when it has
+    no collective operation."""
+
+    iterations: pd.DataFrame | None
+    keys: pd.DataFrame | None
+    sizes: pd.DataFrame | None
+    traffic: pd.DataFrame | None
+    volume_iterations: pd.DataFrame | None
+    volume_keys: pd.DataFrame | None
     summary: dict
     job_tables: dict[str, pd.DataFrame] = field(default_factory=dict)   # the merged view's (analysis.latency)
+    collectives: CollectiveStats | None = None
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {"iterations": self.iterations, "keys": self.keys, "sizes": self.sizes, "traffic": self.traffic,
-                "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys, **self.job_tables}
+        pslite = {"iterations": self.iterations, "keys": self.keys, "sizes": self.sizes, "traffic": self.traffic,
+                  "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys}
+        return {**{name: table for name, table in pslite.items() if table is not None}, **self.job_tables,
+                **(self.collectives.tables() if self.collectives is not None else {})}
 
 
 def describe(values: pd.Series | np.ndarray) -> dict | None:
@@ -93,22 +104,30 @@ def _summary(trace: Trace, iterations: pd.DataFrame, keys: pd.DataFrame, sizes: 
     }
 
 
-def compute_stats(trace: Trace, source: str | None = None, job: JobStats | None = None) -> Stats:
+def compute_stats(trace: Trace | None, source: str | None = None, job: JobStats | None = None,
+                  collectives: CollectiveStats | None = None) -> Stats:
     """Every statistic of the issue (iterations, per-key overheads, the pattern) and their summary; with
-    `job` (analysis.latency.job_statistics), the merged view's tables and summary sections too."""
-    iterations = worker_iterations(trace)
-    keys = key_overheads(trace)
-    sizes = message_sizes(trace)
-    traffic = traffic_matrix(trace)
-    volume_iterations = volume_per_iteration(trace)
-    volume_keys = volume_per_key(trace)
-    summary = _summary(trace, iterations, keys, sizes, traffic, volume_iterations, volume_keys)
-    summary["source"] = source
+    `job` (analysis.latency.job_statistics), the merged view's tables and summary sections too; with
+    `collectives` (analysis.collectives.collective_statistics), theirs: summary section "collectives", and
+    their losses among the job's. A job without ps-lite traffic has trace None."""
+    if trace is None and collectives is None:
+        raise AnalysisError(f"{source or 'the job'}: no ps-lite message and no collective operation was "
+                            "decoded — nothing to analyse")
+    pslite = dict.fromkeys(("iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys"))
+    summary = {"source": source, "losses": {}}
+    if trace is not None:
+        pslite = {"iterations": worker_iterations(trace), "keys": key_overheads(trace),
+                  "sizes": message_sizes(trace), "traffic": traffic_matrix(trace),
+                  "volume_iterations": volume_per_iteration(trace), "volume_keys": volume_per_key(trace)}
+        summary = _summary(trace, **pslite)
+        summary["source"] = source
     if job is not None:
         summary.update(job.summary)
-    return Stats(iterations=iterations, keys=keys, sizes=sizes, traffic=traffic,
-                 volume_iterations=volume_iterations, volume_keys=volume_keys, summary=summary,
-                 job_tables=job.tables() if job is not None else {})
+    if collectives is not None:
+        summary["collectives"] = {name: value for name, value in collectives.summary.items() if name != "losses"}
+        summary["losses"] = {**summary["losses"], **collectives.summary["losses"]}
+    return Stats(**pslite, summary=summary, job_tables=job.tables() if job is not None else {},
+                 collectives=collectives)
 
 
 def _json_value(value):
