@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass, field
 
 from decoders import tcpstore
-from decoders.errors import DecodeError
+from decoders.errors import DecodeError, Resync
 from decoders.packet import ip_to_str
 from decoders.rows import CaptureRows, frame_rows
 from decoders.tcp import StreamKey
@@ -145,15 +145,6 @@ class GlooMessage:
     preamble: Preamble
     missing_bytes: int                   # payload bytes the capture lost
     complete: bool                       # every byte captured (False also when the stream ended inside it)
-
-
-@dataclass(frozen=True, slots=True)
-class Resync:
-    """Decoding resumed at stream offset `offset`; `lost_bytes` bytes before it could not be decoded."""
-    offset: int
-    lost_bytes: int
-    ts_ns: int
-    reason: str
 
 
 GlooEvent = PairConnect | GlooMessage | Resync

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from decoders.errors import DecodeError
+from decoders.errors import DecodeError, Resync
 
 
 class _Sentinel:
@@ -128,15 +128,6 @@ class Message:
     frame_sizes: tuple[int, ...]
     frames: tuple[bytes | memoryview | None, ...]
     complete: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Resync:
-    """Decoding resumed at stream offset `offset` after `lost_bytes` undecodable bytes."""
-    offset: int
-    lost_bytes: int
-    ts_ns: int
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
