@@ -39,6 +39,8 @@ NCCL_COLUMNS = ["set", "ts_ns", "pid", "tid", "comm", "function", "count", "data
                 "peer", "comm_handle", "stream", "sendbuff", "recvbuff", "rank", "nranks"]
 PROCESS_COLUMNS = ["set", "pid", "comm", "cmdline", "cgroup", "netns", "first_ts_ns"]
 LIBRARY_COLUMNS = ["set", "ts_ns", "path", "library", "functions", "pid"]
+ZMQ_MESSAGE_COLUMNS = ["set", "pid", "tid", "socket", "direction", "api_ts_ns", "return_ts_ns", "frame_sizes",
+                       "size_bytes", "complete"]
 _NULLABLE_INT = ["pid", "tid", "cgroup_id", "established_ts_ns", "closed_ts_ns", "rank", "nranks", "netns"]
 
 
@@ -192,3 +194,27 @@ def load_capture_dir(path: Path) -> CaptureDir:
         flows=_frame(rows["flows"], FLOW_COLUMNS), zmq_events=_frame(rows["zmq"], ZMQ_COLUMNS),
         nccl_events=_frame(rows["nccl"], NCCL_COLUMNS), processes=_frame(rows["processes"], PROCESS_COLUMNS),
         libraries=_frame(rows["libraries"], LIBRARY_COLUMNS), warnings=warnings)
+
+
+def zmq_messages(zmq_events: pd.DataFrame) -> pd.DataFrame:
+    """libzmq frames grouped into messages: per process, thread and socket, a message runs up to the frame
+    without `more`. `api_ts_ns` is when the program handed over (send) or asked for (recv) the first
+    frame; joined with the wire, it gives how long a message waited in the sender. A message whose last
+    frame was not seen (the capture stopped) has complete = False. Frames of zmq_recv (more unknown)
+    each make one message."""
+    rows, open_messages = [], {}
+    ordered = zmq_events.sort_values(["ts_ns", "return_ts_ns"], kind="stable")
+    ordered = ordered.assign(last=~ordered["more"].eq(True))     # more False, or not known
+    for frame in ordered.itertuples(index=False):
+        key = (frame.set, frame.pid, frame.tid, frame.socket, frame.direction)
+        message = open_messages.setdefault(key, {
+            "set": frame.set, "pid": frame.pid, "tid": frame.tid, "socket": frame.socket,
+            "direction": frame.direction, "api_ts_ns": frame.ts_ns, "frame_sizes": []})
+        message["frame_sizes"].append(int(frame.size_bytes))
+        message["return_ts_ns"] = frame.return_ts_ns
+        if frame.last:
+            del open_messages[key]
+            rows.append({**message, "size_bytes": sum(message["frame_sizes"]), "complete": True})
+    rows += [{**message, "size_bytes": sum(message["frame_sizes"]), "complete": False}
+             for message in open_messages.values()]
+    return _frame(rows, ZMQ_MESSAGE_COLUMNS).sort_values("api_ts_ns", kind="stable", ignore_index=True)

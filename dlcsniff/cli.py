@@ -335,7 +335,8 @@ def capture(
         print(print_bpf_program())
         return
     if iface is None or out_dir is None:
-        _fail("capture needs --iface and --out")
+        err.print("[bold red]error:[/] capture needs --iface and --out", highlight=False)
+        raise typer.Exit(2)
     options = CaptureOptions(interface=iface, out_dir=out_dir, filter=filter_text, ports=ports, snaplen=snaplen,
                              rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration, ebpf=not no_ebpf,
                              user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb)

@@ -1,5 +1,6 @@
-"""The eBPF side of the daemon: the only module that imports bcc (lazily, so that a capture without
-eBPF never loads libbcc and its LLVM).
+"""The eBPF side of the daemon: the only module that imports bcc, and only in the probe helper process
+(`ProbeHelper`): the daemon itself reads the probes' ring buffer through libbpf and never loads libbcc
+and its LLVM.
 
 What the probes need from the machine, and what is done when it is missing:
 - tracefs (tracepoint ids): mounted on /sys/kernel/tracing when no tracefs is there (`ip netns exec`
@@ -23,6 +24,7 @@ import re
 import signal
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,8 @@ NCCL_PROBES = {
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _PR_SET_PDEATHSIG = 1
 ATTACH_REPLY_TIMEOUT_S = 30.0     # symbol lookup in a 150 MB library (libmxnet.so) takes a fraction of that
+HELPER_START_TIMEOUT_S = 300.0    # the compile: seconds, longer when several daemons start on 2 cores
+HELPER_EXIT_WAIT_S = 1.0
 
 
 class EbpfUnavailable(RuntimeError):
@@ -201,25 +205,18 @@ def ensure_tracefs() -> str | None:
     return f"mounted tracefs on {target}"
 
 
-def tracepoint_exists(category: str, name: str) -> bool:
-    return any((path / "events" / category / name / "id").exists() for path in TRACEFS_MOUNTS)
-
-
 def netns_inode() -> int:
     """Inode of this process's network namespace (what the probes filter on)."""
     return os.stat("/proc/self/ns/net").st_ino
 
 
-def probe_cflags(*, netns: int | None, offsets: dict[str, int], sock_length_tracepoints: bool) -> list[str]:
+def probe_cflags(*, netns: int | None, offsets: dict[str, int]) -> list[str]:
     """Compiler flags for probes/dlcsniff.c. Without BTF offsets the probes watch every namespace and
     report thread names: the daemon says so."""
     defines = {**layout_cflags(), **offsets, "RINGBUF_PAGES": RINGBUF_PAGES}
     if netns is not None and offsets:
         defines["NETNS_INUM"] = netns
-    flags = [f"-D{name}={value}" for name, value in sorted(defines.items())]
-    if sock_length_tracepoints:
-        flags.append("-DHAVE_SOCK_LENGTH_TRACEPOINTS")
-    return flags
+    return [f"-D{name}={value}" for name, value in sorted(defines.items())]
 
 
 def program_text() -> str:
@@ -240,6 +237,52 @@ class LibraryProbes:
     functions: tuple[str, ...]   # symbols probed
 
 
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_ELF_SECTION = struct.Struct("<IIQQQQIIQQ")
+_ELF_SYMBOL = struct.Struct("<IBBHQQ")
+_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+PROBED_SYMBOL_PREFIXES = (b"zmq_", b"nccl")
+
+
+def elf_function_symbols(path: str, prefixes: tuple[bytes, ...] = PROBED_SYMBOL_PREFIXES) -> set[str]:
+    """Names of the functions a 64-bit little-endian ELF file defines (.dynsym and .symtab) starting with
+    one of `prefixes`; empty for anything else. Most shared objects a job opens are ruled out by one
+    search of their string tables, without reading their symbols."""
+    try:
+        with open(path, "rb") as file:
+            return _elf_function_symbols(file, prefixes)
+    except (OSError, ValueError, struct.error):
+        return set()
+
+
+def _read_at(file, offset: int, size: int) -> bytes:
+    file.seek(offset)
+    data = file.read(size)
+    if len(data) != size:
+        raise ValueError("ELF file shorter than its headers say")
+    return data
+
+
+def _elf_function_symbols(file, prefixes: tuple[bytes, ...]) -> set[str]:
+    ident, *_, section_offset, _, _, _, _, section_size, section_count, _ = _ELF_HEADER.unpack(
+        _read_at(file, 0, _ELF_HEADER.size))
+    if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1 or section_size != _ELF_SECTION.size:
+        return set()
+    sections = list(_ELF_SECTION.iter_unpack(_read_at(file, section_offset, section_count * section_size)))
+    found = set()
+    for _, kind, _, _, offset, size, link, _, _, entry_size in sections:
+        if kind not in (_SHT_SYMTAB, _SHT_DYNSYM) or entry_size != _ELF_SYMBOL.size or link >= len(sections):
+            continue
+        strings = _read_at(file, sections[link][4], sections[link][5])
+        if not any(b"\0" + prefix in strings for prefix in prefixes):
+            continue
+        for name_offset, info, _, section_index, _, _ in _ELF_SYMBOL.iter_unpack(_read_at(file, offset, size)):
+            if section_index and info & 0xF in (_STT_FUNC, _STT_GNU_IFUNC) and strings.startswith(prefixes, name_offset):
+                found.add(strings[name_offset:strings.index(b"\0", name_offset)].decode())
+    return found
+
+
 def classify_library(symbols: set[str]) -> tuple[str, dict[str, tuple[str, str | None]]] | None:
     """("libzmq" | "libnccl", {symbol: (entry program, return program)}) for a file exporting those
     symbols, or None. libzmq older than 4.2 is not probed (probes/zmq.c reads 4.2+'s zmq_msg_t)."""
@@ -252,110 +295,168 @@ def classify_library(symbols: set[str]) -> tuple[str, dict[str, tuple[str, str |
 
 
 class ProbeSession:
-    """The compiled, attached probes. Events go to `on_event(payload_bytes)` from `poll()`."""
+    """The compiled program with its tracepoints attached (bcc). Lives in the probe helper only."""
 
-    def __init__(self, cflags: list[str], on_event: Callable[[bytes], None]) -> None:
+    def __init__(self, cflags: list[str]) -> None:
         try:
-            from bcc import BPF   # noqa: PLC0415 - the one bcc import, kept off the --no-ebpf path
+            from bcc import BPF   # noqa: PLC0415 - the one bcc import, in the probe helper only
         except ImportError as exc:
             raise EbpfUnavailable(f"bcc is not importable ({exc}): install python3-bpfcc") from None
-        self._bpf_class = BPF
-        self._on_event = on_event
-        self._callback_error: BaseException | None = None
         try:
             self._bpf = BPF(text=program_text().encode(), cflags=cflags)
         except Exception as exc:   # bcc raises bare Exception for compile and load failures
             raise EbpfUnavailable(f"BPF program did not load: {exc}") from None
-        self._bpf["events"].open_ring_buffer(self._ring_callback)
-        self._attached: dict[str, LibraryProbes] = {}
+        self.events_fd = self._bpf["events"].map_fd
+        self.lost_fd = self._bpf["lost"].map_fd
+        self._attached: dict[int, list[bytes]] = {}     # pid -> bcc uprobe events attached for it
 
-    def _ring_callback(self, _ctx, data, size) -> int:
+    def attach_library(self, path: str, pid: int = -1) -> LibraryProbes | None:
+        """Attach the libzmq or libnccl probes to `path` in process `pid` (-1: in every process mapping it,
+        now or later). Per process, the breakpoints exist only in that process: other programs using the
+        same library (the other nodes' processes, here) do not trap at all."""
+        found = classify_library(elf_function_symbols(path))
+        if found is None:
+            return None
+        library, probes = found
+        before = set(self._bpf.uprobe_fds)
+        for symbol, (entry, exit_) in probes.items():
+            try:
+                self._bpf.attach_uprobe(name=path.encode(), sym=symbol.encode(), fn_name=entry.encode(), pid=pid)
+                if exit_ is not None:
+                    self._bpf.attach_uretprobe(name=path.encode(), sym=symbol.encode(), fn_name=exit_.encode(),
+                                               pid=pid)
+            except Exception as exc:   # noqa: BLE001 - bcc raises bare Exception
+                raise EbpfUnavailable(f"cannot attach to {symbol} in {path}: {exc}") from None
+        self._attached.setdefault(pid, []).extend(set(self._bpf.uprobe_fds) - before)
+        return LibraryProbes(path, library, tuple(sorted(probes)))
+
+    def detach_exited(self) -> list[int]:
+        """Release the probes of processes that are gone; returns their pids."""
+        gone = [pid for pid in self._attached if pid != -1 and not Path(f"/proc/{pid}").exists()]
+        for pid in gone:
+            for event in self._attached.pop(pid):
+                self._bpf.detach_uprobe_event(event)
+        return gone
+
+
+# -- the daemon's side: reading the ring buffer without bcc -------------------------------------------------
+
+_RING_SAMPLE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _libbpf() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    except OSError as exc:
+        raise EbpfUnavailable(f"libbpf is missing ({exc}): install libbpf1") from None
+    lib.ring_buffer__new.restype = ctypes.c_void_p
+    lib.ring_buffer__new.argtypes = [ctypes.c_int, _RING_SAMPLE, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ring_buffer__consume.argtypes = [ctypes.c_void_p]
+    lib.ring_buffer__epoll_fd.argtypes = [ctypes.c_void_p]
+    lib.ring_buffer__free.argtypes = [ctypes.c_void_p]
+    lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+class RingReader:
+    """The probes' ring buffer and lost counters, read through libbpf from map descriptors the helper
+    handed over: the daemon itself never loads bcc and LLVM (a few hundred MB)."""
+
+    def __init__(self, events_fd: int, lost_fd: int, on_event: Callable[[bytes], None]) -> None:
+        self._lib = _libbpf()
+        self._lost_fd = lost_fd
+        self._on_event = on_event
+        self._callback_error: BaseException | None = None
+        self._sample = _RING_SAMPLE(self._sample_callback)     # referenced: libbpf keeps the pointer
+        self._ring = self._lib.ring_buffer__new(events_fd, self._sample, None, None)
+        if not self._ring:
+            raise EbpfUnavailable(f"ring_buffer__new: {os.strerror(ctypes.get_errno())}")
+        self._cpus = self._lib.libbpf_num_possible_cpus()
+        self.fd = self._lib.ring_buffer__epoll_fd(self._ring)
+
+    def _sample_callback(self, _ctx, data, size) -> int:
         try:
             self._on_event(ctypes.string_at(data, size))
-        except BaseException as exc:   # noqa: BLE001 - a ctypes callback must not raise: re-raised by poll()
+        except BaseException as exc:   # noqa: BLE001 - a ctypes callback must not raise: re-raised by consume()
             self._callback_error = exc
         return 0
 
-    def poll(self, timeout_ms: int) -> None:
-        """Deliver the pending events (waiting up to timeout_ms for the first)."""
-        self._bpf.ring_buffer_poll(timeout_ms)
+    def consume(self) -> None:
+        """Deliver every event waiting in the ring buffer."""
+        if self._lib.ring_buffer__consume(self._ring) < 0:
+            raise EbpfUnavailable(f"ring_buffer__consume: {os.strerror(ctypes.get_errno())}")
         if self._callback_error is not None:
             error, self._callback_error = self._callback_error, None
             raise error
 
-    def library_symbols(self, path: str) -> set[str]:
-        try:
-            return {name.decode() for name, _ in
-                    self._bpf_class.get_user_functions_and_addresses(path.encode(), rb"^(zmq_|nccl)")}
-        except Exception:   # noqa: BLE001 - bcc: not an ELF file, unreadable: nothing to probe
-            return set()
-
-    def attach_library(self, path: str) -> LibraryProbes | None:
-        """Attach the libzmq or libnccl probes to every process mapping `path` (now or later)."""
-        if path in self._attached:
-            return self._attached[path]
-        found = classify_library(self.library_symbols(path))
-        if found is None:
-            return None
-        library, probes = found
-        for symbol, (entry, exit_) in probes.items():
-            try:
-                self._bpf.attach_uprobe(name=path.encode(), sym=symbol.encode(), fn_name=entry.encode())
-                if exit_ is not None:
-                    self._bpf.attach_uretprobe(name=path.encode(), sym=symbol.encode(), fn_name=exit_.encode())
-            except Exception as exc:   # noqa: BLE001 - bcc raises bare Exception
-                raise EbpfUnavailable(f"cannot attach to {symbol} in {path}: {exc}") from None
-        attached = LibraryProbes(path, library, tuple(sorted(probes)))
-        self._attached[path] = attached
-        return attached
-
     def lost_counts(self) -> dict[str, int]:
         """Events dropped because the ring buffer was full, per kind name, since the start."""
-        lost = self._bpf["lost"]
         counts = {}
+        values = (ctypes.c_uint64 * self._cpus)()
         for kind in Kind:
             if kind >= RINGBUF_KIND_COUNT:
                 continue
-            total = sum(lost[lost.Key(int(kind))])
-            if total:
-                counts[kind.name] = int(total)
+            key = ctypes.c_uint32(int(kind))
+            if self._lib.bpf_map_lookup_elem(self._lost_fd, ctypes.byref(key), values) == 0 and sum(values):
+                counts[kind.name] = int(sum(values))
         return counts
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        if self._ring:
+            self._lib.ring_buffer__free(self._ring)
+            self._ring = None
 
 
-class UprobeAttacher:
-    """Privilege separation for uprobes. Attaching a uprobe needs CAP_SYS_ADMIN on these kernels (the
-    uprobe PMU refuses CAP_PERFMON alone), and libraries turn up while the job runs. So before the
-    daemon gives up root, it forks this helper: a child that keeps root for one thing only, attaching
-    the already compiled probes to a library path the daemon names, and exits when the daemon closes
-    the socket or dies. The daemon itself then drops every privilege.
+# -- the probe helper: the root part --------------------------------------------------------------------------
 
-    Requests are (pid, path as that process named it); the child resolves the path through
+class BadLibrary(EbpfUnavailable):
+    """A library named on the command line exports nothing to probe."""
+
+
+class ProbeHelper:
+    """Privilege separation. A child forked before anything of bcc is loaded compiles the program, attaches
+    the tracepoints, hands the ring buffer and lost-counter maps to the daemon (SCM_RIGHTS), and then
+    keeps root for one thing only: attaching uprobes to the libraries the daemon names while the job runs
+    (the uprobe PMU wants CAP_SYS_ADMIN on these kernels). It exits when the daemon closes the socket or
+    dies. The daemon drops every privilege and never maps LLVM.
+
+    Requests are (pid, path as that process named it); the helper resolves the path through
     /proc/<pid>/root (or cwd), inspects each distinct file once, and answers with what it attached."""
 
-    def __init__(self, session: ProbeSession, close_in_child: Iterable[int] = ()) -> None:
+    def __init__(self, cflags: list[str], libraries: Iterable[str] = (), close_in_child: Iterable[int] = ()) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         pid = os.fork()
         if pid == 0:
             ours.close()
             for fd in close_in_child:
                 os.close(fd)
-            _serve_attach_requests(session, theirs)
+            _helper_main(cflags, list(libraries), theirs)
         theirs.close()
-        self._socket = ours
-        self._socket.settimeout(ATTACH_REPLY_TIMEOUT_S)
         self.pid = pid
+        self._socket = ours
+        self._socket.settimeout(HELPER_START_TIMEOUT_S)
+        try:
+            message, fds, _, _ = socket.recv_fds(self._socket, 1 << 16, 2)
+            hello = json.loads(message or b'{"error": "the probe helper exited"}')
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise EbpfUnavailable(f"the probe helper did not start: {exc}") from None
+        if "error" in hello:
+            self.close()
+            raise (BadLibrary if hello.get("bad_library") else EbpfUnavailable)(hello["error"])
+        self.events_fd, self.lost_fd = fds
+        self.libraries = [LibraryProbes(item["path"], item["library"], tuple(item["functions"]))
+                          for item in hello["libraries"]]
+        self._socket.settimeout(ATTACH_REPLY_TIMEOUT_S)
 
     def attach(self, pid: int | None, path: str) -> LibraryProbes | None:
         """Probe the library `path` (as process `pid` sees it; None: as this process does), if it is
         libzmq or libnccl and was not inspected before. Raises EbpfUnavailable when attaching failed."""
         try:
             self._socket.send(json.dumps({"pid": pid, "path": path}).encode())
-            reply = json.loads(self._socket.recv(1 << 16) or b"{}")
+            reply = json.loads(self._socket.recv(1 << 16) or b'{"error": "the probe helper exited"}')
         except (OSError, ValueError) as exc:
-            raise EbpfUnavailable(f"uprobe helper (pid {self.pid}) stopped answering: {exc}") from None
+            raise EbpfUnavailable(f"the probe helper (pid {self.pid}) stopped answering: {exc}") from None
         if "error" in reply:
             raise EbpfUnavailable(reply["error"])
         attached = reply.get("attached")
@@ -363,30 +464,54 @@ class UprobeAttacher:
                                                            tuple(attached["functions"]))
 
     def close(self) -> None:
+        """Closing the socket tells the helper to exit. Its exit can take seconds (the kernel unregisters
+        each uprobe with an RCU grace period), and nothing of the capture depends on it: wait briefly,
+        then leave it to finish on its own (the daemon, no longer root, could not kill it anyway)."""
         self._socket.close()
-        os.waitpid(self.pid, 0)
+        deadline = time.monotonic() + HELPER_EXIT_WAIT_S
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
-def _serve_attach_requests(session: ProbeSession, requests: socket.socket) -> None:
+def _helper_main(cflags: list[str], libraries: list[str], requests: socket.socket) -> None:
     """The helper child's whole life; never returns."""
     code = 0
     try:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)     # the daemon decides when to stop: it closes the socket
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        inspected: set[tuple[int, int]] = set()
+        attached = []
+        try:
+            session = ProbeSession(cflags)
+            for library in libraries:
+                found = session.attach_library(library)
+                if found is None:
+                    raise BadLibrary(f"--lib {library}: exports neither libzmq (>= 4.2) nor libnccl symbols")
+                attached.append({"path": found.path, "library": found.library, "functions": list(found.functions)})
+        except Exception as exc:   # noqa: BLE001 - whatever it is, the daemon reports it and goes on without probes
+            reason = str(exc) if isinstance(exc, EbpfUnavailable) else f"probe helper failed: {exc!r}"
+            requests.send(json.dumps({"error": reason, "bad_library": isinstance(exc, BadLibrary)}).encode())
+            return
+        # What the compiler held on to is garbage now: give it back (~80 MB).
+        ctypes.CDLL(None).malloc_trim(0)
+        socket.send_fds(requests, [json.dumps({"libraries": attached}).encode()], [session.events_fd, session.lost_fd])
+        probed = {(status.st_dev, status.st_ino, -1) for status in map(os.stat, libraries)}   # (file, pid)
+        probeable: dict[tuple[int, int], bool] = {}       # file -> exports what the probes want
         while request := requests.recv(1 << 16):
             asked = json.loads(request)
-            pid, path = asked["pid"], asked["path"]
-            local = path if pid is None else str(procnet.path_seen_by(pid, path))
+            pid, path = asked["pid"] or -1, asked["path"]
+            local = path if pid == -1 else str(procnet.path_seen_by(pid, path))
             reply: dict = {"attached": None}
             try:
+                gone = set(session.detach_exited())
+                probed = {key for key in probed if key[2] not in gone}     # the pid may be reused
                 status = os.stat(local)
-                key = (status.st_dev, status.st_ino)
-                if key not in inspected:
-                    inspected.add(key)
-                    attached = session.attach_library(local)
+                file = (status.st_dev, status.st_ino)
+                if (*file, -1) not in probed and (*file, pid) not in probed and probeable.get(file, True):
+                    attached = session.attach_library(local, pid)
+                    probeable[file] = attached is not None
                     if attached is not None:
+                        probed.add((*file, pid))
                         reply["attached"] = {"path": path, "library": attached.library,
                                              "functions": list(attached.functions)}
             except FileNotFoundError:

@@ -24,7 +24,7 @@ import enum
 import json
 import socket
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from decoders.errors import DecodeError
@@ -43,8 +43,6 @@ RINGBUF_KIND_COUNT = 64          # kinds below this come from BPF; the daemon's 
 class Kind(enum.IntEnum):
     # from BPF (sniffer/probes/*.c, KIND_* there)
     SOCK_STATE = 1
-    SOCK_SEND = 2
-    SOCK_RECV = 3
     SOCK_ACCEPT = 4
     LIB_OPEN = 5
     ZMQ_SEND = 16
@@ -73,7 +71,7 @@ NCCL_REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 # include/net/tcp_states.h
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
-TCP_ESTABLISHED, TCP_SYN_SENT, TCP_CLOSE, TCP_LISTEN = 1, 2, 7, 10
+TCP_ESTABLISHED, TCP_SYN_SENT, TCP_SYN_RECV, TCP_CLOSE, TCP_LISTEN = 1, 2, 3, 7, 10
 
 # struct event_head: kind, reserved, tgid, tid, netns, ts_ns, cgroup_id, comm[16]
 HEAD = struct.Struct("<HHIIIQQ16s")
@@ -109,8 +107,7 @@ def layout_cflags() -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class SockEvent:
-    """SOCK_STATE (a TCP state change), SOCK_SEND / SOCK_RECV (first I/O of a process on a socket) or
-    SOCK_ACCEPT (accept() returned `fd`, peer in remote_ip/remote_port)."""
+    """SOCK_STATE (a TCP state change) or SOCK_ACCEPT (accept() returned `fd`, peer in remote_ip/remote_port)."""
     kind: Kind
     mono_ns: int
     tgid: int
@@ -316,8 +313,6 @@ def _parse_daemon(kind: Kind, payload) -> Event:
 
 _LAYOUTS = {
     Kind.SOCK_STATE: (SOCK_EVENT, _parse_sock),
-    Kind.SOCK_SEND: (SOCK_EVENT, _parse_sock),
-    Kind.SOCK_RECV: (SOCK_EVENT, _parse_sock),
     Kind.SOCK_ACCEPT: (SOCK_EVENT, _parse_sock),
     Kind.LIB_OPEN: (LIB_EVENT, _parse_lib),
     Kind.ZMQ_SEND: (ZMQ_EVENT, _parse_zmq),
@@ -492,9 +487,9 @@ class EpochClock:
 class Flow:
     """One TCP connection (or listening socket) of the watched namespace and the process that owns it.
 
-    `source` says how the owner is known: "connect" (the task that called connect()), "send"/"recv" (the
-    first process doing I/O on it), "accept" (the process whose accept() returned this peer), "listen"
-    (the owner of the listening socket on the local port), or None."""
+    `source` says how the owner is known: "connect" (the task that called connect()), "accept" (the
+    process whose accept() returned this peer), "listen" (the owner of the listening socket on the local
+    port: accept() was not seen), or None."""
     skaddr: int
     family: int
     local_ip: str | None = None
@@ -517,12 +512,13 @@ class Flow:
             event.tgid, event.tid, event.comm, event.cgroup_id, source)
 
 
-def attribute_flows(events: Iterable[SockEvent]) -> list[Flow]:
+def attribute_flows(events: Iterable[SockEvent], open_at_start: Iterable[SocketSnapshot] = ()) -> list[Flow]:
     """The connections the socket events describe, each with its owning process where the events tell.
 
     State changes delimit a connection on one socket address (addresses are reused after close);
-    ownership comes, most certain first, from connect(), from the first send/recv, from accept() (peer
-    address), and last from the listener on the same local port."""
+    ownership comes from connect() for connections made here, from accept() (by peer address) for
+    connections accepted here, and failing that from the listener on the same local port, seen by the
+    probes or already open at start (an accept() that was waiting when the probes started is not seen)."""
     flows: list[Flow] = []
     open_flows: dict[int, Flow] = {}
     accepts: list[SockEvent] = []
@@ -531,15 +527,11 @@ def attribute_flows(events: Iterable[SockEvent]) -> list[Flow]:
             accepts.append(event)
             continue
         flow = open_flows.get(event.skaddr)
-        if event.kind != Kind.SOCK_STATE:
-            if flow is not None and flow.source is None:
-                flow.take_owner(event, "send" if event.kind == Kind.SOCK_SEND else "recv")
-            continue
         if flow is None:
             flow = Flow(event.skaddr, event.family, first_mono_ns=event.mono_ns)
             open_flows[event.skaddr] = flow
             flows.append(flow)
-            flow.active = {TCP_SYN_SENT: True, 3: False, TCP_LISTEN: None}.get(event.newstate)
+            flow.active = {TCP_SYN_SENT: True, TCP_SYN_RECV: False}.get(event.newstate)
         if event.local_port and (event.remote_port or event.newstate == TCP_LISTEN):
             flow.local_ip, flow.local_port = event.local_ip, event.local_port
             flow.remote_ip, flow.remote_port = event.remote_ip, event.remote_port
@@ -555,7 +547,10 @@ def attribute_flows(events: Iterable[SockEvent]) -> list[Flow]:
     # A socket closed before it had both ports (a failed connect) was never a flow.
     flows = [flow for flow in flows if flow.local_port]
     _attribute_accepts(flows, accepts)
-    _attribute_to_listeners(flows)
+    listening_at_start = [
+        Flow(0, sock.family, sock.local_ip, sock.local_port, first_mono_ns=sock.mono_ns, state=sock.state,
+             tgid=sock.tgid, comm=sock.comm) for sock in open_at_start if sock.state == TCP_LISTEN]
+    _attribute_to_listeners(flows, listening_at_start)
     return flows
 
 
@@ -572,8 +567,9 @@ def _attribute_accepts(flows: list[Flow], accepts: list[SockEvent]) -> None:
             candidates[-1].take_owner(accept, "accept")
 
 
-def _attribute_to_listeners(flows: list[Flow]) -> None:
+def _attribute_to_listeners(flows: list[Flow], listening_at_start: list[Flow]) -> None:
     listeners = [flow for flow in flows if flow.state == TCP_LISTEN or flow.remote_port == 0 and flow.local_port]
+    listeners += listening_at_start
     for flow in flows:
         if flow.active is not False or flow.source is not None:
             continue
@@ -583,7 +579,4 @@ def _attribute_to_listeners(flows: list[Flow]) -> None:
                     and (listener.closed_mono_ns is None or flow.first_mono_ns <= listener.closed_mono_ns)):
                 flow.tgid, flow.comm, flow.cgroup_id, flow.source = (
                     listener.tgid, listener.comm, listener.cgroup_id, "listen")
-
-
-def iter_kind(events: Iterable[Event], event_type: type) -> Iterator:
-    return (event for event in events if isinstance(event, event_type))
+                break

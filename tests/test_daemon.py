@@ -355,6 +355,12 @@ def test_disk_budget_is_never_exceeded(node, tmp_path):
         assert item["packets"] == tshark_packet_count(out / item["name"])
     # and nearly used: what is left is capture.json's reserve (it is rewritten beside itself) and a few blocks
     assert allocated_bytes(out) > budget_bytes - 100_000
+    # a restart finds no room for a new set: it says so before touching anything
+    before = file_digests(out)
+    again = subprocess.run([str(DLCSNIFF), "capture", "--iface", "lo", "--out", str(out), "--max-disk-mb", "3"],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "no room for a new file set" in again.stderr
+    assert file_digests(out) == before
 
 
 def test_full_disk_stops_cleanly(node, tmp_path):

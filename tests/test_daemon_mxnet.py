@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from decoders.pipeline import decode_paths
-from decoders.probes import load_capture_dir
+from decoders.probes import load_capture_dir, zmq_messages
 from sniffer.netns import Cluster
 from sniffer.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR, _pslite_node_id
 from tests.conftest import require_root, require_workloads
@@ -54,6 +54,8 @@ class JobRun:
     directory: Path
     nodes: dict[str, NodeProcess]
     daemons: dict[str, RunningDaemon] = field(default_factory=dict)
+    captures: list[subprocess.Popen] = field(default_factory=list)     # tcpdump, for reference runs
+    capture_cpu_s: float = 0.0       # CPU the capture processes used from job start to job end
 
     def training_seconds(self) -> float:
         """Wall time of the workers' training loops (first batch start to last batch end, slowest worker)."""
@@ -65,20 +67,47 @@ class JobRun:
         return max(spans)
 
 
-def run_mxnet_job(out_dir: Path, workload_python: Path, *, with_daemons: bool, batches: int = 10,
+def child_pids(pids: list[int]) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", ",".join(map(str, pids))], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def _capture_pids(run: JobRun) -> list[int]:
+    pids = [daemon.process.pid for daemon in run.daemons.values()] + [process.pid for process in run.captures]
+    return pids + child_pids(pids)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes used so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None = "dlcsniff", batches: int = 10,
                   model: str = "mlp", daemon_args: tuple[str, ...] = ()) -> JobRun:
-    """Run the job in fresh namespaces, with a capture daemon per node when asked; stop the daemons after."""
+    """Run the job in fresh namespaces with, on every node, a dlcsniff daemon (capture="dlcsniff"), a
+    plain `tcpdump -i any -w` as a reference (capture="tcpdump") or nothing (None); stop them after."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with Cluster(f"mxd{os.getpid() % 100000}", list(NODES)) as cluster:
         run = JobRun(out_dir, {})
         try:
-            if with_daemons:
-                for name in NODES:
-                    run.daemons[name] = RunningDaemon(
-                        ["--iface", "any", "--out", str(out_dir / name), *daemon_args],
-                        netns=cluster.host(name).netns)
-                for daemon in run.daemons.values():
-                    daemon.wait_ready()
+            for name in NODES:
+                netns = cluster.host(name).netns
+                if capture == "dlcsniff":
+                    run.daemons[name] = RunningDaemon(["--iface", "any", "--out", str(out_dir / name), *daemon_args],
+                                                      netns=netns)
+                elif capture == "tcpdump":
+                    run.captures.append(cluster.popen(name, ["tcpdump", "-i", "any", "-s", "0", "-B", "65536", "-n",
+                                                             "-Z", "root", "-w", str(out_dir / f"{name}.pcap")],
+                                                      stderr=subprocess.DEVNULL))
+            for daemon in run.daemons.values():
+                daemon.wait_ready()
+            if run.captures:
+                time.sleep(1.0)       # tcpdump opens its capture
+            cpu_before = cpu_seconds(_capture_pids(run)) if capture else 0.0
             job_env = {**BASE_ENV, "DMLC_PS_ROOT_URI": cluster.host("scheduler").ip,
                        "DMLC_PS_ROOT_PORT": str(SCHEDULER_PORT), "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "2",
                        "DMLC_INTERFACE": "eth0", "PS_VERBOSE": "2"}
@@ -94,6 +123,10 @@ def run_mxnet_job(out_dir: Path, workload_python: Path, *, with_daemons: bool, b
                     process = cluster.popen(name, argv, env=env, stdout=log_file, stderr=log_file)
                 run.nodes[name] = NodeProcess(name, role, cluster.host(name).ip, process, log, record)
             _wait_for_job(run)
+            run.capture_cpu_s = cpu_seconds(_capture_pids(run)) - cpu_before if capture else 0.0
+            for process in run.captures:
+                process.send_signal(15)
+                process.wait(timeout=10)
             for daemon in run.daemons.values():
                 daemon.process.send_signal(15)
             for name, daemon in run.daemons.items():
@@ -130,7 +163,7 @@ def _wait_for_job(run: JobRun) -> None:
 @pytest.fixture(scope="module")
 def job_run(tmp_path_factory) -> JobRun:
     require_root()
-    return run_mxnet_job(tmp_path_factory.mktemp("mxnet_daemons"), require_workloads(), with_daemons=True)
+    return run_mxnet_job(tmp_path_factory.mktemp("mxnet_daemons"), require_workloads())
 
 
 def test_every_pslite_flow_is_owned_by_its_node_process(job_run):
@@ -161,18 +194,6 @@ def _logged_data_sizes(log: Path, direction: str) -> collections.Counter:
                                for sizes in frame.loc[frame["direction"] == direction, "data_sizes"])
 
 
-def _probed_messages(zmq_events, direction: str) -> list[list[int]]:
-    """Frames grouped into messages: per thread and socket, a message ends at the frame without `more`."""
-    messages, open_messages = [], {}
-    for row in zmq_events[zmq_events["direction"] == direction].sort_values("ts_ns").itertuples():
-        frames = open_messages.setdefault((row.tid, row.socket), [])
-        frames.append(int(row.size_bytes))
-        if not row.more:
-            messages.append(open_messages.pop((row.tid, row.socket)))
-    assert not open_messages, f"messages never finished: {open_messages}"
-    return messages
-
-
 def test_libzmq_events_are_the_messages_pslite_logged(job_run):
     for name, node in job_run.nodes.items():
         loaded = load_capture_dir(job_run.directory / name)
@@ -180,12 +201,16 @@ def test_libzmq_events_are_the_messages_pslite_logged(job_run):
         assert loaded.libraries["path"].iloc[0].endswith("mxnet/libmxnet.so")
         events = loaded.zmq_events[loaded.zmq_events["pid"] == node.process.pid]
         assert len(events) == len(loaded.zmq_events)      # nothing from other namespaces
+        messages = zmq_messages(events)
+        assert messages["complete"].all()
+        by_direction = {direction: messages.loc[messages["direction"] == direction, "frame_sizes"]
+                        for direction in ("send", "recv")}
         # ps-lite sends [meta, data...] on a DEALER socket. Van::Stop sends TERMINATE (no data) to itself
         # without logging it: one send more than the log holds.
-        sent = collections.Counter(tuple(frames[1:]) for frames in _probed_messages(events, "send"))
+        sent = collections.Counter(tuple(frames[1:]) for frames in by_direction["send"])
         assert sent == _logged_data_sizes(node.log, "send") + collections.Counter({(): 1}), name
         # The ROUTER socket delivers [sender identity, meta, data...].
-        received = collections.Counter(tuple(frames[2:]) for frames in _probed_messages(events, "recv"))
+        received = collections.Counter(tuple(frames[2:]) for frames in by_direction["recv"])
         assert received == _logged_data_sizes(node.log, "recv"), name
         # api time first, then the return: a send never waits for the wire
         assert (events["ts_ns"] <= events["return_ts_ns"]).all()

@@ -52,11 +52,6 @@ RECORDED = {
         "00000000000000000200000080b60000000000000000000000000000000000007f000001000000000000000000000000"
         "0d00000000000000"
     ),
-    "RECV_OWNER": bytes.fromhex(
-        "030000005606000059060000f9ffffefbea59658b50100000100000000000000707974686f6e00000000000000000000"
-        "00a54b188188ffff02000000000000000000000000000000000000000000000000000000000000000000000000000000"
-        "ffffffff00000000"
-    ),
     "ZMQ_SEND_META": bytes.fromhex(
         "100000005606000056060000f9ffffeff7cc3594b50100000100000000000000707974686f6e00000000000000000000"
         "13d13594b5010000d070cfe7fd5500000085e840ff7f000005000000000000000200000000000100"
@@ -95,16 +90,13 @@ def test_tcp_state_changes_of_the_workload():
     assert {e.family for e in (listen, connect, established, child)} == {socket.AF_INET}
 
 
-def test_accept_and_io_events_name_the_process():
+def test_accept_names_the_process_and_the_peer():
     accept = parsed("ACCEPT")
     assert (accept.kind, accept.remote_ip, accept.remote_port) == (ev.Kind.SOCK_ACCEPT, "127.0.0.1",
                                                                    parsed("CONNECT_ESTABLISHED").local_port)
     assert accept.local_ip is None and accept.fd > 2
-    recv = parsed("RECV_OWNER")
-    assert recv.kind == ev.Kind.SOCK_RECV and recv.tgid == WORKLOAD_PID
-    assert recv.skaddr == parsed("CHILD_ESTABLISHED").skaddr
-    assert recv.tid != WORKLOAD_PID      # libzmq's I/O thread reads the socket; comm is the process's
-    assert recv.comm == "python"
+    assert accept.tgid == WORKLOAD_PID and accept.comm == "python"
+    assert accept.tid != WORKLOAD_PID      # libzmq's I/O thread accepts; comm is the process's
 
 
 def test_zmq_frames_of_one_message():
@@ -126,7 +118,7 @@ def sock_events(*names: str) -> list[ev.SockEvent]:
     return [parsed(name) for name in names]
 
 
-ALL_SOCK = ("LISTEN", "CONNECT", "CONNECT_ESTABLISHED", "CHILD_SYN_RECV", "CHILD_ESTABLISHED", "ACCEPT", "RECV_OWNER")
+ALL_SOCK = ("LISTEN", "CONNECT", "CONNECT_ESTABLISHED", "CHILD_SYN_RECV", "CHILD_ESTABLISHED", "ACCEPT")
 
 
 def flows_by_port(flows: list[ev.Flow]) -> dict[tuple[int, int], ev.Flow]:
@@ -138,23 +130,29 @@ def test_attribute_flows_from_recorded_events():
     flows = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK)))
     assert set(flows) == {(5999, 0), (client_port, 5999), (5999, client_port)}
     listener, active, passive = flows[5999, 0], flows[client_port, 5999], flows[5999, client_port]
-    assert (listener.source, active.source, passive.source) == ("listen", "connect", "recv")
+    assert (listener.source, active.source, passive.source) == ("listen", "connect", "accept")
     assert (active.active, passive.active, listener.active) == (True, False, None)
     assert {flow.tgid for flow in flows.values()} == {WORKLOAD_PID}
     assert active.established_mono_ns == parsed("CONNECT_ESTABLISHED").mono_ns
     assert active.closed_mono_ns is None
 
 
-def test_accept_then_listener_attribute_passive_flows():
+def test_without_accept_the_listener_owns_passive_flows():
     client_port = parsed("CONNECT_ESTABLISHED").local_port
-    without_io = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK[:-1])))
-    assert without_io[5999, client_port].source == "accept"
-    assert without_io[5999, client_port].tgid == WORKLOAD_PID
-    without_accept = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK[:-2])))
+    without_accept = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK[:-1])))
     assert without_accept[5999, client_port].source == "listen"
-    # no listener in sight (it was opened before the daemon): unknown, not guessed
+    assert without_accept[5999, client_port].tgid == WORKLOAD_PID
+    # no listener in sight: unknown, not guessed
     alone = flows_by_port(ev.attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED")))
     assert alone[5999, client_port].source is None and alone[5999, client_port].tgid is None
+    # a listener already open when the daemon started (from /proc) names the owner
+    listening = ev.SocketSnapshot(parsed("LISTEN").mono_ns, socket.AF_INET, "127.0.0.1", 5999, "0.0.0.0", 0,
+                                  ev.TCP_LISTEN, 4242, 77, "server")
+    elsewhere = ev.SocketSnapshot(listening.mono_ns, socket.AF_INET, "127.0.0.1", 6000, "0.0.0.0", 0,
+                                  ev.TCP_LISTEN, 4343, 88, "other")
+    found = flows_by_port(ev.attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED"),
+                                             [elsewhere, listening]))
+    assert (found[5999, client_port].tgid, found[5999, client_port].source) == (77, "listen")
 
 
 def test_a_reused_socket_address_starts_a_new_flow():

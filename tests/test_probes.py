@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import subprocess
-import textwrap
+
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from decoders.probes import load_capture_dir
-from sniffer import procnet
+from decoders.probes import load_capture_dir, zmq_messages
+from sniffer import ebpf, procnet
 from sniffer.netns import Cluster
 from tests.conftest import require_root, require_tool, require_workloads
 from tests.test_daemon import TOOL_PYTHON, RunningDaemon
@@ -55,6 +56,76 @@ def test_socket_owners_finds_this_process_sockets():
             assert (found.pid, found.socket.local_ip, found.socket.local_port, found.socket.state) == (
                 os.getpid(), ip, sock.getsockname()[1], 10)
             assert found.comm == procnet.comm_of(os.getpid())
+
+
+# -- BTF: where the probes read kernel structures --------------------------------------------------------
+
+def _btf(types: list[bytes], names: list[str]) -> bytes:
+    """A BTF blob (linux/btf.h): header, type records, string section."""
+    strings = b"\0" + b"".join(name.encode() + b"\0" for name in names)
+    type_section = b"".join(types)
+    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(type_section), len(type_section), len(strings)) \
+        + type_section + strings
+
+
+def test_btf_member_offsets_through_anonymous_members_typedefs_and_bitfields():
+    names = ["int", "a", "b", "inner", "x", "y", "z", "outer", "tail", "inner_t"]
+    name_off = {name: 1 + sum(len(n) + 1 for n in names[:index]) for index, name in enumerate(names)}
+
+    def record(name, kind, vlen, size_or_type, kflag=0):
+        return struct.pack("<III", name_off.get(name, 0), (kflag << 31) | (kind << 24) | vlen, size_or_type)
+
+    def member(name, type_id, offset_bits):
+        return struct.pack("<III", name_off.get(name, 0), type_id, offset_bits)
+
+    types = [
+        record("int", 1, 0, 4) + struct.pack("<I", 32),                                      # 1: int
+        record("inner", 4, 2, 8) + member("a", 1, 0) + member("b", 1, 32),                     # 2: struct inner
+        record(None, 5, 2, 4) + member("y", 1, 0) + member("z", 1, 0),                         # 3: anonymous union
+        record("inner_t", 8, 0, 2),                                                            # 4: typedef inner_t
+        # 5: struct outer { int x:3 (kflag: bitfield size 3); union {y; z}; inner_t tail; }
+        record("outer", 4, 3, 16, kflag=1) + member("x", 1, (3 << 24) | 0) + member(None, 3, 32)
+        + member("tail", 4, 64),
+    ]
+    offsets = ebpf.btf_member_offsets(_btf(types, names), {
+        "Z": ("outer", "z"), "TAIL_B": ("outer", "tail.b"), "X": ("outer", "x"), "A": ("inner", "a")})
+    assert offsets == {"Z": 4, "TAIL_B": 12, "X": 0, "A": 0}
+    with pytest.raises(ebpf.EbpfUnavailable, match="no member tail.c"):
+        ebpf.btf_member_offsets(_btf(types, names), {"C": ("outer", "tail.c")})
+    with pytest.raises(ebpf.EbpfUnavailable, match="no struct missing"):
+        ebpf.btf_member_offsets(_btf(types, names), {"M": ("missing", "a")})
+
+
+def test_the_running_kernel_has_every_member_the_probes_read():
+    # (that they are the right ones shows in the live tests: namespace filtering, process names)
+    assert set(ebpf.kernel_offsets()) == set(ebpf.KERNEL_MEMBERS)
+
+
+# -- which libraries get uprobes ------------------------------------------------------------------------------
+
+def _nm_functions(path: Path) -> set[str]:
+    listing = subprocess.run([require_tool("nm"), "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    return {fields[2] for fields in map(str.split, listing.splitlines())
+            if len(fields) == 3 and fields[1] in "TtWi" and fields[2].startswith(("zmq_", "nccl"))}
+
+
+def test_elf_symbols_agree_with_nm_on_the_libraries_jobs_load(tmp_path):
+    workloads = require_workloads().parent.parent / "lib" / "python3.11" / "site-packages"
+    libmxnet = workloads / "mxnet" / "libmxnet.so"
+    pyzmq_libzmq = next((workloads / "pyzmq.libs").glob("libzmq*.so*"))
+    fake_nccl = tmp_path / "libnccl.so.2"
+    (tmp_path / "nccl.c").write_text(FAKE_NCCL)
+    subprocess.run([require_tool("gcc"), "-shared", "-fPIC", "-o", str(fake_nccl), str(tmp_path / "nccl.c")],
+                   check=True)
+    for path in (libmxnet, pyzmq_libzmq, fake_nccl, Path("/lib/x86_64-linux-gnu/libc.so.6")):
+        assert ebpf.elf_function_symbols(str(path)) == _nm_functions(path), path
+    assert ebpf.classify_library(ebpf.elf_function_symbols(str(libmxnet)))[0] == "libzmq"   # libzmq 4.2.2 inside
+    assert ebpf.classify_library(ebpf.elf_function_symbols(str(pyzmq_libzmq)))[0] == "libzmq"
+    library, probes = ebpf.classify_library(ebpf.elf_function_symbols(str(fake_nccl)))
+    assert library == "libnccl" and set(probes) == set(ebpf.NCCL_PROBES) - {"ncclCommInitRankConfig"}
+    # not ELF, or not a file: nothing to probe, no error
+    assert ebpf.elf_function_symbols(__file__) == set() == ebpf.elf_function_symbols(str(tmp_path))
 
 
 # -- flows across namespaces -----------------------------------------------------------------------------------
@@ -134,10 +205,12 @@ def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
     assert owners(server_flows, local_port=PORT, remote_port=early_port) == [(server.pid, "python", "proc")]
     assert owners(client_flows, local_port=early_port, remote_port=PORT) == [(client.pid, "python", "proc")]
     assert owners(server_flows, local_port=PORT, remote_port=0) == [(server.pid, "python", "proc")]
-    # made while they ran: from the probes (the held connection was never read: its accept() tells)
-    read_port, held_port = late_ports
-    assert owners(server_flows, local_port=PORT, remote_port=read_port) == [(server.pid, "python", "recv")]
-    assert owners(server_flows, local_port=PORT, remote_port=held_port) == [(server.pid, "python", "accept")]
+    # made while they ran, from the probes: the server was already waiting in accept() for the first one
+    # (the probes saw that accept() return, not its call): its listener names the owner; the next accept()
+    # names it directly
+    first_port, second_port = late_ports
+    assert owners(server_flows, local_port=PORT, remote_port=first_port) == [(server.pid, "python", "listen")]
+    assert owners(server_flows, local_port=PORT, remote_port=second_port) == [(server.pid, "python", "accept")]
     for port in late_ports:
         assert owners(client_flows, local_port=port, remote_port=PORT) == [(client.pid, "python", "connect")]
     # each daemon saw its own namespace only
@@ -197,6 +270,10 @@ def test_libzmq_frames_match_what_the_program_sent_and_received(tmp_path):
         assert frames["socket"].nunique() == 1 and (frames["ts_ns"] <= frames["return_ts_ns"]).all()
     assert list(loaded.libraries["library"]) == ["libzmq"]
     assert list(loaded.libraries["pid"]) == [program.pid]
+    messages = zmq_messages(loaded.zmq_events)
+    for direction in ("send", "recv"):
+        assert list(messages.loc[messages["direction"] == direction, "frame_sizes"]) == sizes
+    assert messages["complete"].all()
 
 
 # -- libnccl (stand-in) ---------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ struct event_head {
 };
 _Static_assert(sizeof(struct event_head) == EVENT_HEAD_BYTES, "event_head differs from sniffer/events.py");
 
+// The daemon reads the ring on a timer: events are submitted with BPF_RB_NO_WAKEUP, sparing the traced
+// job the cost of a wakeup per event.
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 BPF_PERCPU_ARRAY(lost, u64, KIND_COUNT);    // per kind: events the ring buffer had no room for
 

@@ -29,10 +29,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
     __builtin_memset(event, 0, sizeof(*event));
     long length = bpf_probe_read_user_str(event->path, sizeof(event->path), args->filename);
     if (length <= 0 || !names_shared_object(event->path, length)) {
-        events.ringbuf_discard(event, 0);
+        events.ringbuf_discard(event, BPF_RB_NO_WAKEUP);
         return 0;
     }
     fill_head(&event->head, KIND_LIB_OPEN, netns);
-    events.ringbuf_submit(event, 0);
+    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }

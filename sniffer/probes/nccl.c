@@ -66,7 +66,7 @@ static __always_inline int nccl_call(u16 function, u64 sendbuff, u64 recvbuff, u
     event->op = op;
     event->peer = peer;
     event->function = function;
-    events.ringbuf_submit(event, 0);
+    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
@@ -158,6 +158,6 @@ int nccl_comm_init_return(struct pt_regs *ctx) {
     event->nranks = call.nranks;
     event->rank = call.rank;
     event->result = (int)PT_REGS_RC(ctx);
-    events.ringbuf_submit(event, 0);
+    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }

@@ -78,7 +78,7 @@ static __always_inline int zmq_exit(struct pt_regs *ctx, u16 kind) {
     } else {
         event->more = 255;     // zmq_recv copies into a buffer: the flag stays inside libzmq
     }
-    events.ringbuf_submit(event, 0);
+    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
