@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from decoders.pipeline import FLOW_ID_CAPTURE_SHIFT, Dataset, ProgressFn, build_dataset, decode_capture, expand_inputs
+from decoders.pipeline import (FLOW_ID_CAPTURE_SHIFT, Dataset, ProgressFn, build_dataset, decode_capture,
+                               expand_inputs, with_processes)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -96,11 +97,11 @@ def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, w
     from distributed import as_completed
 
     paths = expand_inputs(inputs)
-    sizes = [path.stat().st_size for path in paths]
+    sizes = [capture.size_bytes for capture in paths]
     with dask_client(scheduler, workers, tasks=len(paths)) as client, cluster_failures():
         progress = progress_total(sum(sizes)) if progress_total else None
         # pure=False: a key of its own per call, never another client's result on a shared cluster
-        futures = [client.submit(decode_capture, worker_path(path, scheduler),
+        futures = [client.submit(decode_capture, path.with_files(worker_path(f, scheduler) for f in path.files),
                                  flow_id_base=index << FLOW_ID_CAPTURE_SHIFT, priority=size, pure=False)
                    for index, (path, size) in enumerate(zip(paths, sizes))]
         index_of = {future.key: index for index, future in enumerate(futures)}
@@ -108,7 +109,7 @@ def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, w
         for future in as_completed(futures, loop=client.loop):
             index = index_of[future.key]
             # the dataset names the captures as the caller did, whatever the workers were told
-            results[index] = dataclasses.replace(future.result(), path=str(paths[index]))
+            results[index] = dataclasses.replace(future.result(), path=str(paths[index].path))
             if progress is not None:
                 progress(sizes[index])
-    return build_dataset(results)
+    return with_processes(build_dataset(results), paths)

@@ -41,6 +41,9 @@ STREAMS_SCHEMA = pa.schema([
     ("resyncs", _i64),
     ("decode_error", pa.string()),      # why decoding stopped on this stream, if it did
     ("node_id", pa.int32()),            # ps-lite node id of the sending endpoint, when known
+    # from a capture daemon's directory (decoders.processes): the process at the capture's end
+    ("pid", _i64),
+    ("comm", pa.string()),
     # Gloo / TCPStore
     ("gloo_role", pa.string()),
     ("pair_sequence", _i64),
@@ -118,6 +121,11 @@ MESSAGES_SCHEMA = pa.schema([
     ("simple_app_cmd", pa.string()),    # MXNet SimpleApp command name
     ("barrier_group", pa.int32()),
     ("flavor", pa.string()),            # "dmlc" (MXNet) or "byteps"
+    # from capture daemons' directories (decoders.processes)
+    ("sender_pid", _i64),
+    ("recver_pid", _i64),
+    ("api_ts_ns", _i64),                # when the sender handed the message to libzmq
+    ("send_queue_delay_ns", _i64),      # from that call to the message's first byte on the wire
     # Gloo (protocol "gloo")
     ("opcode", pa.string()),
     ("slot", _i64),
@@ -190,6 +198,7 @@ COLLECTIVES_SCHEMA = pa.schema([
     ("payload_bytes_received", _i64),
     ("messages", _i64),
     ("complete", pa.bool_()),
+    ("local_address", pa.string()),     # NCCL: the node (IP address) whose traffic was segmented
 ])
 
 NODES_SCHEMA = pa.schema([

@@ -8,6 +8,7 @@ returns the contract tables (see `decoders.dataset`).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import pickle
 import selectors
@@ -48,25 +49,55 @@ def capture_name(path: Path) -> str:
         name = stem
 
 
-def expand_inputs(inputs: Iterable[Path]) -> list[Path]:
-    """Files as given; a directory stands for the capture files directly inside it."""
-    paths: list[Path] = []
+@dataclass(frozen=True)
+class CaptureInput:
+    """One capture: its files, read in order as one continuous capture (a capture daemon rotates its
+    files), and the daemon's directory when it came from one (its probe files then join the tables)."""
+    name: str
+    files: tuple[Path, ...]
+    directory: Path | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files)
+
+    @property
+    def path(self) -> Path:
+        """What the user named: the file, or the daemon's directory."""
+        return self.files[0] if self.directory is None else self.directory
+
+    def with_files(self, files: Iterable[Path]) -> CaptureInput:
+        return dataclasses.replace(self, files=tuple(files))
+
+
+def expand_inputs(inputs: Iterable[Path]) -> list[CaptureInput]:
+    """Files as given; a capture daemon's directory (capture.json) stands for its captures, one per daemon
+    run, named after the directory; any other directory for the capture files directly inside it."""
+    from decoders.probes import is_capture_dir, load_capture_dir
+
+    captures: list[CaptureInput] = []
     for item in inputs:
         item = Path(item)
-        if item.is_dir():
+        if item.is_dir() and is_capture_dir(item):
+            sets = load_capture_dir(item).sets
+            if not any(sets.values()):
+                raise CaptureError(f"{item}: the capture daemon's directory holds no packet files")
+            for run, files in sorted(sets.items()):
+                name = item.resolve().name if len(sets) == 1 else f"{item.resolve().name}-{run}"
+                captures.append(CaptureInput(name, tuple(files), item))
+        elif item.is_dir():
             found = sorted(p for p in item.iterdir() if p.is_file() and p.name.lower().endswith(CAPTURE_SUFFIXES))
             if not found:
                 raise CaptureError(f"{item}: directory holds no capture files (*.pcap, *.pcapng, optionally .gz)")
-            paths.extend(found)
+            captures.extend(CaptureInput(capture_name(p), (p,)) for p in found)
         elif not item.exists():
             raise CaptureError(f"{item}: no such file")
         else:
-            paths.append(item)
-    names = [capture_name(p) for p in paths]
-    dupes = [n for n, c in collections.Counter(names).items() if c > 1]
+            captures.append(CaptureInput(capture_name(item), (item,)))
+    dupes = [n for n, c in collections.Counter(c.name for c in captures).items() if c > 1]
     if dupes:
         raise CaptureError(f"two inputs share the capture name {dupes[0]!r}; rename one of them")
-    return paths
+    return captures
 
 
 @dataclass(slots=True)
@@ -425,32 +456,41 @@ class _CaptureDecoder:
         return cols
 
 
-def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | None = None,
+def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progress: ProgressFn | None = None,
                    batched: bool = True) -> CaptureResult:
-    """Decode one capture file on its own (no job-wide resolution yet).
+    """Decode one capture (a file, or a daemon's rotated files in order) on its own (no job-wide
+    resolution yet).
 
     batched=False decodes packet by packet (`fastpath.feed_packet` for each): the reference the batch
     decoder must match exactly, and several times slower."""
-    name = capture_name(path)
-    dec = _CaptureDecoder(name, flow_id_base)
+    if not isinstance(capture, CaptureInput):
+        capture = CaptureInput(capture_name(Path(capture)), (Path(capture),))
+    path = capture.path
+    dec = _CaptureDecoder(capture.name, flow_id_base)
     stats = ParseStats()
     batches = BatchDecoder(dec.tcp, dec, stats)
     reported = 0
+    done_bytes = 0
 
     def report(pos: int) -> None:
         nonlocal reported
         if progress is not None:
-            progress(pos - reported)
-            reported = pos
+            progress(done_bytes + pos - reported)
+            reported = done_bytes + pos
 
-    with open_capture(path) as reader:
-        for n, item in enumerate(reader.batches() if batched else reader, 1):
-            batches.feed(item)          # a Packet goes the per-packet way
-            if batched or not n & 0x3FF:
-                report(reader.bytes_read)
-        dec.finish()
-        report(reader.total_bytes)
-        packets, bytes_read, warnings = reader.packets, reader.bytes_read, list(reader.warnings)
+    packets, bytes_read, warnings = 0, 0, []
+    for file in capture.files:
+        reported = done_bytes = bytes_read
+        with open_capture(file) as reader:
+            for n, item in enumerate(reader.batches() if batched else reader, 1):
+                batches.feed(item)          # a Packet goes the per-packet way
+                if batched or not n & 0x3FF:
+                    report(reader.bytes_read)
+            report(reader.total_bytes)
+            packets += reader.packets
+            bytes_read += reader.total_bytes
+            warnings += reader.warnings
+    dec.finish()
     for linktype in sorted(batches.unsupported_linktypes):
         try:
             check_linktype(linktype)
@@ -462,7 +502,7 @@ def decode_capture(path: Path, *, flow_id_base: int = 0, progress: ProgressFn | 
     collectives = dec.app_columns(streams)
     announced = {st.flow_id: st.announced_nodes for st in dec.streams.values() if st.announced_nodes}
     return CaptureResult(
-        capture=name, path=str(path), streams=dict(streams), zmtp=dict(dec.zmtp_rows),
+        capture=capture.name, path=str(path), streams=dict(streams), zmtp=dict(dec.zmtp_rows),
         messages=dict(dec.msg_rows), stream_announced=announced, nodes=dec.nodes, collectives=dict(collectives),
         packets=packets, bytes_read=bytes_read, non_tcp_packets=batches.non_tcp_packets,
         parse_stats=stats.as_dict(), warnings=warnings, undecoded_messages=dec.undecoded_messages,
@@ -728,19 +768,28 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], Prog
     Captures are decoded in `workers` forked processes (default: one per core, when the input is large
     enough for it to pay; 0: in this process), while this one loads what building the tables needs."""
     paths = expand_inputs(inputs)
-    sizes = [p.stat().st_size for p in paths]
+    sizes = [capture.size_bytes for capture in paths]
     if not hasattr(os, "fork"):
         workers = 0
     elif workers is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = min(len(paths), cores) if sum(sizes) >= FORK_MIN_BYTES else 0
-    jobs = [(path, index << FLOW_ID_CAPTURE_SHIFT) for index, path in enumerate(paths)]
+    jobs = [(capture, index << FLOW_ID_CAPTURE_SHIFT) for index, capture in enumerate(paths)]
     if workers <= 0:
         progress = progress_total(sum(sizes)) if progress_total else None
         results = [decode_capture(path, flow_id_base=base, progress=progress) for path, base in jobs]
     else:
         results = _decode_forked(jobs, sizes, workers, progress_total)
-    return build_dataset(results)
+    return with_processes(build_dataset(results), paths)
+
+
+def with_processes(dataset: Dataset, captures: list[CaptureInput]) -> Dataset:
+    """Captures from a capture daemon's directories: who owned each connection, and when libzmq was
+    handed each message (decoders.processes)."""
+    if all(c.directory is None for c in captures):
+        return dataset
+    from decoders.processes import join_processes
+    return join_processes(dataset, captures)
 
 
 # -- decoding in forked workers ---------------------------------------------------------------------------
@@ -752,8 +801,8 @@ _FRAME = struct.Struct("<I")    # worker -> parent: length-prefixed pickles ("pr
 class _Worker:
     """One forked process decoding one capture; it writes its progress and result to a pipe."""
 
-    def __init__(self, path: Path, flow_id_base: int):
-        self.path = path
+    def __init__(self, capture: CaptureInput, flow_id_base: int):
+        self.path = path = capture.path
         read_fd, write_fd = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:                     # the child: decode, report, and leave without cleanup
@@ -761,7 +810,7 @@ class _Worker:
             code = 0
             try:
                 with os.fdopen(write_fd, "wb") as out:
-                    self._run(out, path, flow_id_base)
+                    self._run(out, capture, flow_id_base)
             except BaseException:
                 code = 1
             finally:
@@ -772,7 +821,7 @@ class _Worker:
         self.outcome: tuple | None = None
 
     @staticmethod
-    def _run(out, path: Path, flow_id_base: int) -> None:
+    def _run(out, capture: CaptureInput, flow_id_base: int) -> None:
         def send(message: tuple) -> None:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
             out.write(_FRAME.pack(len(data)) + data)
@@ -780,12 +829,12 @@ class _Worker:
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)     # the parent handles ^C, and kills us
         try:
-            result = decode_capture(path, flow_id_base=flow_id_base, progress=lambda n: send(("progress", n)))
+            result = decode_capture(capture, flow_id_base=flow_id_base, progress=lambda n: send(("progress", n)))
         except Exception as exc:
             try:
                 pickle.dumps(exc)
             except Exception:
-                exc = RuntimeError(f"decoding {path} failed:\n{traceback.format_exc()}")
+                exc = RuntimeError(f"decoding {capture.path} failed:\n{traceback.format_exc()}")
             send(("error", exc))
         else:
             send(("result", result))

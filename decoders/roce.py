@@ -29,6 +29,9 @@ packet-infiniband.c and Linux rxe; NCCL src/transport/net_ib read at the v2.12.1
 Streams are (source, destination, destination QP). Retransmission = a request PSN at or behind the highest
 seen (go-back-N resends from the lost PSN); capture loss = PSNs never seen. Packets with a bad ICRC are
 counted and otherwise ignored, as the receiving adapter drops them.
+
+Collectives are inferred from the NCCL data writes alone, as for the socket transport (see
+decoders.nccl_socket.collectives_from_transfers); the CTS tags give the ranks.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 
 from decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
+from decoders.nccl_socket import IDLE_GAP_NS, collective_rows
 from decoders.rows import CaptureRows
 
 ROCE_V2_UDP_PORT = 4791
@@ -519,7 +523,9 @@ class RoceCaptureDecoder:
 
     protocol = "roce"
 
-    def __init__(self):
+    def __init__(self, *, idle_gap_ns: int = IDLE_GAP_NS, world_size: int | None = None):
+        self.idle_gap_ns = idle_gap_ns        # steer the collectives' inference
+        self.world_size = world_size
         self._qps: dict[tuple[bytes, bytes, int], _QueuePair] = {}
         self._by_hosts: dict[tuple[bytes, bytes], list[_QueuePair]] = {}
         self._setups: dict[int, _SetupConnection] = {}          # TCP stream id -> its set-up connection
@@ -619,7 +625,14 @@ class RoceCaptureDecoder:
         streams = {stream_id: {"protocol": "nccl_ib_setup"} for stream_id in self._setups}
         extra = [self._stream_row(qp) for qp in qps]
         messages = [self._message_row(qp, msg) for qp in qps for msg in qp.messages]
-        return CaptureRows(messages=messages, streams=streams, extra_streams=extra, collectives=[])
+        transfers = [{"sender": row["src_ip"], "receiver": row["dst_ip"], "sender_rank": row["src_rank"],
+                      "receiver_rank": row["dst_rank"], "ts_first_ns": row["ts_first_ns"],
+                      "ts_last_ns": row["ts_last_ns"], "size_bytes": row["size_bytes"],
+                      "payload_bytes": row["size_bytes"], "complete": row["complete"]}
+                     for row in messages if row["nccl_role"] == "data"]
+        collectives = collective_rows(transfers, protocol=self.protocol, idle_gap_ns=self.idle_gap_ns,
+                                      world_size=self.world_size)
+        return CaptureRows(messages=messages, streams=streams, extra_streams=extra, collectives=collectives)
 
     @staticmethod
     def _nccl_semantics(qps: list[_QueuePair]) -> None:

@@ -150,6 +150,12 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
     out.print(f"messages by protocol: {by_protocol or 'none'} ({summary['incomplete_messages']:,} incomplete; "
               f"ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes)")
+    if "processes" in summary:
+        procs = summary["processes"]
+        out.print(f"capture daemons: {procs['flows_with_pid']:,} flows with their process, "
+                  f"{procs['messages_with_api_time']:,} messages with their libzmq call time")
+        for warning in procs["warnings"]:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if summary["roce"]:
         out.print("RoCE: " + ", ".join(f"{name.replace('_', ' ')} {n:,}" for name, n in summary["roce"].items()))
     if summary["collectives_by_kind"]:

@@ -233,3 +233,35 @@ def test_the_daemon_packets_decode_into_every_logged_message(job_run, tmp_path):
     for node in nodes:
         logged, decoded = _logged(job, node["name"]), _decoded(messages, job, node["name"])
         assert sum(logged.values()) > 0 and logged == decoded, node["name"]
+
+
+def test_decode_of_the_daemon_directories_names_processes_and_api_times(job_run, tmp_path):
+    """`dlcsniff decode DIR...` on the daemons' own directories: the captures are named after them, every
+    ps-lite flow carries the pid of the process at the capture's end, messages carry both ends' pids, and
+    the messages a node sent carry when the program handed them to libzmq (api_ts_ns) and how long they
+    waited before their first byte reached the wire."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from dlcsniff.cli import app
+
+    directories = [str(job_run.directory / name) for name in job_run.nodes]
+    result = CliRunner().invoke(app, ["decode", *directories, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    streams = pd.read_parquet(tmp_path / "out" / "streams.parquet")
+    messages = pd.read_parquet(tmp_path / "out" / "messages.parquet")
+    assert set(streams["capture"]) == set(job_run.nodes)
+    pid_of = {name: node.process.pid for name, node in job_run.nodes.items()}
+    pslite = streams[(streams["protocol"] == "pslite") & (streams["bytes"] > 0)]
+    assert len(pslite) > 0
+    assert (pslite["pid"] == pslite["capture"].map(pid_of)).all(), "a flow's pid is its node's process"
+    node_pid = {n: pid_of[n] for n in job_run.nodes}
+    by_id = {_pslite_node_id(node.log): node_pid[name] for name, node in job_run.nodes.items()}
+    ps = messages[messages["protocol"] == "pslite"]
+    assert (ps["sender_pid"] == ps["sender_id"].map(by_id)).all()
+    assert (ps["recver_pid"] == ps["recver_id"].map(by_id)).all()
+    own_sends = ps[ps["capture"].map(pid_of) == ps["sender_pid"]]
+    timed = own_sends[own_sends["api_ts_ns"].notna()]
+    assert len(timed) >= 0.9 * len(own_sends)
+    # the program hands a message over before its first byte is captured (1 µs pcap resolution)
+    assert (timed["send_queue_delay_ns"] >= -1_000).all()
