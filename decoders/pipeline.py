@@ -194,7 +194,7 @@ class _CaptureDecoder:
         self.tcp = TcpReassembler()
         self.streams: dict[int, _Stream] = {}
         self.zmtp_rows: dict[str, list] = collections.defaultdict(list)
-        self.msg_rows: dict[str, list] = collections.defaultdict(list)
+        self.msg_rows: dict[str, list] = {}      # aligned columns: filled through _append_row
         self.nodes: list[tuple] = []
         self.undecoded_messages = 0
         self.apps = [cls() for cls in APP_DECODERS]
@@ -346,27 +346,16 @@ class _CaptureDecoder:
                 st.announced_nodes.extend((n.hostname, n.port) for n in meta.nodes)
             else:
                 self.nodes.extend((n.id, n.role, n.hostname, n.port) for n in meta.nodes)
-        r = self.msg_rows
-        r["flow_id"].append(st.flow_id)
-        r["ts_first_ns"].append(ev.ts_first_ns)
-        r["ts_last_ns"].append(ev.ts_last_ns)
-        r["request"].append(meta.request)
-        r["push"].append(meta.push)
-        r["pull"].append(meta.pull)
-        r["simple_app"].append(meta.simple_app)
-        r["ps_timestamp"].append(meta.timestamp)
-        r["head"].append(meta.head)
-        r["app_id"].append(meta.app_id)
-        r["customer_id"].append(meta.customer_id)
-        r["control_cmd"].append(meta.control_cmd)
-        r["data_sizes"].append(list(msg.data_sizes))
-        r["size_bytes"].append(msg.size_bytes)
-        r["keys"].append(list(msg.keys))
-        r["lens"].append(list(msg.lens) if msg.lens is not None else None)
-        r["complete"].append(msg.complete)
-        r["meta_bytes"].append(ev.frame_sizes[1 if msg.routing_id is not None else 0])
-        r["barrier_group"].append(meta.barrier_group)
-        r["flavor"].append(meta.flavor)
+        _append_row(self.msg_rows, {
+            "flow_id": st.flow_id, "ts_first_ns": ev.ts_first_ns, "ts_last_ns": ev.ts_last_ns,
+            "request": meta.request, "push": meta.push, "pull": meta.pull, "simple_app": meta.simple_app,
+            "ps_timestamp": meta.timestamp, "head": meta.head, "app_id": meta.app_id,
+            "customer_id": meta.customer_id, "control_cmd": meta.control_cmd,
+            "data_sizes": list(msg.data_sizes), "size_bytes": msg.size_bytes, "keys": list(msg.keys),
+            "lens": list(msg.lens) if msg.lens is not None else None, "complete": msg.complete,
+            "meta_bytes": ev.frame_sizes[1 if msg.routing_id is not None else 0],
+            "barrier_group": meta.barrier_group, "flavor": meta.flavor,
+        })
 
     # -- end of capture -------------------------------------------------------------------
     def finish(self) -> None:
