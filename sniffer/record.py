@@ -175,6 +175,29 @@ def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float) -> None:
         node.exit_code = node.process.returncode
 
 
+def _start_node(cluster: Cluster, job_dir: Path, workload_python: str, name: str, role: str, script: str,
+                args: list[str], env: dict, port: int | None = None) -> NodeRun:
+    """Start a node's capture, then its workload: logging to <name>.log, recording to <name>.json. The
+    capture listens on "any": eth0 plus lo, where a process's messages to itself travel (ps-lite's
+    scheduler answers its own barriers there, every node sends itself TERMINATE)."""
+    capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
+    record_path = job_dir / f"{name}.json"
+    argv = [workload_python, str(WORKLOADS_DIR / script), *args, "--record", str(record_path)]
+    with open(job_dir / f"{name}.log", "wb") as log:
+        process = cluster.popen(name, argv, env=env, stdout=log, stderr=log)
+    return NodeRun(name, role, process, capture, record_path, port)
+
+
+def _run_to_end(cluster: Cluster, nodes: Sequence[NodeRun], job_dir: Path, timeout_s: float) -> list[dict]:
+    """Wait for every node, stop and compress the captures; the nodes' entries for job.json."""
+    try:
+        _wait_for_nodes(nodes, timeout_s)
+        capture_stats = _finish_captures(nodes)
+    except RecordError as exc:
+        raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
+    return [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+
+
 def _finish_captures(nodes: Sequence[NodeRun]) -> dict[str, dict]:
     time.sleep(CAPTURE_SETTLE_S)
     stats = {node.name: asdict(node.capture.stop()) for node in nodes}
@@ -237,28 +260,17 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         if spec.bigarray_bound is not None:
             job_env["MXNET_KVSTORE_BIGARRAY_BOUND"] = str(spec.bigarray_bound)
         nodes: list[NodeRun] = []
-        try:
-            for name in node_names:
-                role = name.rstrip("0123456789")
-                port = {"scheduler": SCHEDULER_PORT, "server": SERVER_PORT, "worker": WORKER_PORT}[role]
-                node_env = {**BASE_ENV, **job_env, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.host(name).ip}
-                if role != "scheduler":
-                    node_env["PORT"] = str(port)  # ps-lite's own variable for a node's listening port
-                # "any": eth0 plus lo, where a node's messages to itself travel (the scheduler's barrier
-                # replies to itself, every node's TERMINATE) — so the capture holds all ps-lite logs.
-                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
-                record_path = job_dir / f"{name}.json"
-                argv = [workload_python, str(WORKLOADS_DIR / "mxnet_job.py"), "--record", str(record_path),
-                        "--model", spec.model, "--kvstore", spec.kvstore, "--batches", str(spec.batches),
-                        "--batch-size", str(spec.batch_size)]
-                with open(job_dir / f"{name}.log", "wb") as log:
-                    process = cluster.popen(name, argv, env=node_env, stdout=log, stderr=log)
-                nodes.append(NodeRun(name, role, process, capture, record_path, port))
-            _wait_for_nodes(nodes, timeout_s)
-            capture_stats = _finish_captures(nodes)
-        except RecordError as exc:
-            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
-        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+        for name in node_names:
+            role = name.rstrip("0123456789")
+            port = {"scheduler": SCHEDULER_PORT, "server": SERVER_PORT, "worker": WORKER_PORT}[role]
+            node_env = {**BASE_ENV, **job_env, "DMLC_ROLE": role, "DMLC_NODE_HOST": cluster.host(name).ip}
+            if role != "scheduler":
+                node_env["PORT"] = str(port)  # ps-lite's own variable for a node's listening port
+            args = ["--model", spec.model, "--kvstore", spec.kvstore, "--batches", str(spec.batches),
+                    "--batch-size", str(spec.batch_size)]
+            nodes.append(_start_node(cluster, job_dir, workload_python, name, role, "mxnet_job.py", args,
+                                     node_env, port))
+        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     for entry in node_entries:
@@ -303,23 +315,10 @@ def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JO
     started_ns = time.time_ns()
     with Cluster(f"{ZMQ_JOB}-{os.getpid()}", ["server", "client"]) as cluster:
         server_ip = cluster.host("server").ip
-        nodes: list[NodeRun] = []
-        try:
-            for name in ("server", "client"):
-                # "any": eth0 plus lo, where a node's messages to itself travel (the scheduler's barrier
-                # replies to itself, every node's TERMINATE) — so the capture holds all ps-lite logs.
-                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
-                record_path = job_dir / f"{name}.json"
-                argv = [workload_python, str(WORKLOADS_DIR / "zmq_job.py"), name, "--server-ip", server_ip,
-                        "--base-port", str(ZMQ_BASE_PORT), "--record", str(record_path)]
-                with open(job_dir / f"{name}.log", "wb") as log:
-                    process = cluster.popen(name, argv, env=BASE_ENV, stdout=log, stderr=log)
-                nodes.append(NodeRun(name, name, process, capture, record_path))
-            _wait_for_nodes(nodes, timeout_s)
-            capture_stats = _finish_captures(nodes)
-        except RecordError as exc:
-            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
-        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+        nodes = [_start_node(cluster, job_dir, workload_python, name, name, "zmq_job.py",
+                             [name, "--server-ip", server_ip, "--base-port", str(ZMQ_BASE_PORT)], BASE_ENV)
+                 for name in ("server", "client")]
+        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     merged = merge_zmq_records(records["server"], records["client"])
@@ -356,23 +355,12 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
         # Gloo binds its listening socket to this interface's address (its default, the address the host
         # name resolves to, is not inside the namespace).
         job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
-        nodes: list[NodeRun] = []
-        try:
-            for rank, name in enumerate(node_names):
-                capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
-                record_path = job_dir / f"{name}.json"
-                argv = [workload_python, str(WORKLOADS_DIR / "gloo_job.py"), "--rank", str(rank),
-                        "--world-size", str(world_size), "--master-addr", master_ip,
-                        "--master-port", str(GLOO_MASTER_PORT), "--record", str(record_path)]
-                with open(job_dir / f"{name}.log", "wb") as log:
-                    process = cluster.popen(name, argv, env={**BASE_ENV, **job_env}, stdout=log, stderr=log)
-                nodes.append(NodeRun(name, "rank", process, capture, record_path,
-                                     GLOO_MASTER_PORT if rank == 0 else None))
-            _wait_for_nodes(nodes, timeout_s)
-            capture_stats = _finish_captures(nodes)
-        except RecordError as exc:
-            raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
-        node_entries = [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+        nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_job.py",
+                             ["--rank", str(rank), "--world-size", str(world_size), "--master-addr", master_ip,
+                              "--master-port", str(GLOO_MASTER_PORT)],
+                             {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
+                 for rank, name in enumerate(node_names)]
+        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     for rank, entry in enumerate(node_entries):
