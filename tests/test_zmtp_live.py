@@ -115,6 +115,19 @@ def test_req_rep(ctx):
     assert [c.name for c in commands(up)] == ["READY"] and up_dec.lost_bytes == 0
 
 
+def exchange(router, dealer, sent_up, sent_down) -> bytes:
+    """DEALER → ROUTER then ROUTER → DEALER multipart messages, each checked on arrival; the DEALER's
+    routing id as the ROUTER saw it."""
+    for frames in sent_up:
+        dealer.send_multipart(frames)
+        peer, *got = router.recv_multipart()
+        assert got == frames
+    for frames in sent_down:
+        router.send_multipart([peer] + frames)
+        assert dealer.recv_multipart() == frames
+    return peer
+
+
 @pytest.mark.parametrize("routing_id", [b"ps9", None])
 def test_dealer_router(ctx, routing_id):
     rng = random.Random(2)
@@ -122,13 +135,7 @@ def test_dealer_router(ctx, routing_id):
     sent_down = [payloads(rng, [size, 3]) for size in FRAME_SIZES]
     options = [(zmq.ROUTING_ID, routing_id)] if routing_id else []
     with tapped(ctx, zmq.ROUTER, zmq.DEALER, client_options=options) as (router, dealer, tap):
-        for frames in sent_up:
-            dealer.send_multipart(frames)
-            peer, *got = router.recv_multipart()
-            assert got == frames
-        for frames in sent_down:
-            router.send_multipart([peer] + frames)
-            assert dealer.recv_multipart() == frames
+        peer = exchange(router, dealer, sent_up, sent_down)
     conn = tap.only_connection()
     up, up_dec = decoded(conn.client_to_server)
     down, down_dec = decoded(conn.server_to_client)
@@ -224,13 +231,7 @@ def test_curve_streams_are_encrypted_and_every_frame_is_a_message_command(ctx):
     sent_down = [payloads(rng, [size]) for size in FRAME_SIZES]
     with tapped(ctx, zmq.ROUTER, zmq.DEALER, server_options=server_options,
                 client_options=client_options) as (router, dealer, tap):
-        for frames in sent_up:
-            dealer.send_multipart(frames)
-            peer, *got = router.recv_multipart()
-            assert got == frames
-        for frames in sent_down:
-            router.send_multipart([peer] + frames)
-            assert dealer.recv_multipart() == frames
+        peer = exchange(router, dealer, sent_up, sent_down)
     conn = tap.only_connection()
     up, up_dec = decoded(conn.client_to_server)
     down, down_dec = decoded(conn.server_to_client)
