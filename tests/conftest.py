@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,10 @@ def require_workloads() -> Path:
 @pytest.fixture(scope="session")
 def pcaps_dir() -> Path:
     return PCAPS
+
+
+def capture_cut_before(source: Path, ts_ns: int, path: Path) -> Path:
+    """A copy of a capture holding only its packets before ts_ns (editcap -B): a capture that stopped early."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([require_tool("editcap"), "-B", f"{ts_ns / 1e9:.6f}", str(source), str(path)], check=True)
+    return path

@@ -8,7 +8,6 @@ the published field numbers. The real MXNet jobs in pcaps/ are checked against w
 from __future__ import annotations
 
 import collections
-import subprocess
 
 import numpy as np
 import pandas as pd
@@ -23,7 +22,7 @@ from analysis.iterations import worker_iterations
 from decoders.dataset import table_from_columns, write_dataset
 from decoders.pipeline import decode_paths
 from dlcsniff.cli import app
-from tests.conftest import PCAPS, require_tool
+from tests.conftest import PCAPS, capture_cut_before
 from tests.groundtruth import load_job
 
 try:
@@ -123,10 +122,7 @@ def test_a_capture_that_stopped_early_leaves_out_the_messages_it_missed(tmp_path
     afterwards has no other end; it is left out and counted, and every message written still pairs up."""
     job = load_job(PCAPS / "mxnet_sync")
     cut_ns = job.records["worker0"]["batches"][5]["start_ns"]
-    cut = tmp_path / "captures" / "worker0.pcap"
-    cut.parent.mkdir()
-    subprocess.run([require_tool("editcap"), "-B", f"{cut_ns / 1e9:.6f}", str(job.capture_path("worker0")),
-                    str(cut)], check=True)
+    cut = capture_cut_before(job.capture_path("worker0"), cut_ns, tmp_path / "captures" / "worker0.pcap")
     captures = [job.capture_path(node["name"]) for node in job.nodes if node["name"] != "worker0"] + [cut]
     write_dataset(decode_paths(captures).tables, tmp_path / "decoded")
     written = write_chakra_traces(tmp_path / "decoded", tmp_path / "et")

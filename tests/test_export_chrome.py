@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -19,7 +18,7 @@ from typer.testing import CliRunner
 from decoders.dataset import write_dataset
 from decoders.pipeline import decode_paths
 from dlcsniff.cli import app
-from tests.conftest import PCAPS, require_tool
+from tests.conftest import PCAPS, capture_cut_before
 from tests.groundtruth import load_job
 
 JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sparse", "mxnet_sync_large"]
@@ -192,10 +191,7 @@ def test_a_node_without_capture_and_a_capture_cut_short(tmp_path):
     what worker0's peers saw of it afterwards has no other end (counted, no flow), and every flow still binds."""
     job = load_job(PCAPS / "mxnet_sync")
     cut_ns = job.records["worker0"]["batches"][5]["start_ns"]
-    cut = tmp_path / "captures" / "worker0.pcap"
-    cut.parent.mkdir()
-    subprocess.run([require_tool("editcap"), "-B", f"{cut_ns / 1e9:.6f}", str(job.capture_path("worker0")),
-                    str(cut)], check=True)
+    cut = capture_cut_before(job.capture_path("worker0"), cut_ns, tmp_path / "captures" / "worker0.pcap")
     captures = [job.capture_path(node["name"]) for node in job.nodes if node["role"] != "worker"] + [cut]
     write_dataset(decode_paths(captures).tables, tmp_path / "decoded")
     result = CliRunner().invoke(app, ["export", str(tmp_path / "decoded"), "--format", "chrome",
