@@ -242,23 +242,31 @@ print(json.dumps(done), flush=True)
 """
 
 
-def test_libzmq_frames_match_what_the_program_sent_and_received(tmp_path):
-    python = require_workloads()
-    with Cluster(f"zmq{os.getpid() % 100000}", ["node"]) as cluster:
+def run_probed(tag: str, tmp_path, argv: list[str], ready: bytes, probing: str):
+    """In a namespace of its own with a daemon (out: tmp_path/node), run a program that prints `ready` once
+    it has loaded its library, waits for "go" on stdin (sent once the daemon's log says `probing`), then
+    prints one JSON line of what it did. Returns (the program's Popen, that JSON)."""
+    with Cluster(tag, ["node"]) as cluster:
         daemon = RunningDaemon(["--iface", "lo", "--out", str(tmp_path / "node")], netns=cluster.host("node").netns)
         try:
             daemon.wait_ready()
-            program = cluster.popen("node", [str(python), "-c", ZMQ_PROGRAM], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE)
-            assert program.stdout.readline().strip() == b"imported"
-            daemon.wait_for(r"probing libzmq in \S*libzmq", 30)
+            program = cluster.popen("node", argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert program.stdout.readline().strip() == ready
+            daemon.wait_for(probing, 30)
             program.stdin.write(b"go\n")
             program.stdin.flush()
-            sizes = json.loads(program.stdout.readline())
+            result = json.loads(program.stdout.readline())
             assert program.wait(timeout=30) == 0
             assert daemon.stop() == 0, daemon.stderr
         finally:
             daemon.kill()
+    return program, result
+
+
+def test_libzmq_frames_match_what_the_program_sent_and_received(tmp_path):
+    python = require_workloads()
+    program, sizes = run_probed(f"zmq{os.getpid() % 100000}", tmp_path, [str(python), "-c", ZMQ_PROGRAM],
+                                b"imported", r"probing libzmq in \S*libzmq")
     loaded = load_capture_dir(tmp_path / "node")
     zmq_events = loaded.zmq_events[loaded.zmq_events["pid"] == program.pid]
     assert set(zmq_events["comm"]) == {"python"}
@@ -356,21 +364,9 @@ def test_nccl_probes_read_every_argument_of_a_stand_in_libnccl(tmp_path):
     source = tmp_path / "fake_nccl.c"
     source.write_text(FAKE_NCCL)
     subprocess.run([require_tool("gcc"), "-shared", "-fPIC", "-O2", "-o", str(library), str(source)], check=True)
-    with Cluster(f"ncl{os.getpid() % 100000}", ["node"]) as cluster:
-        daemon = RunningDaemon(["--iface", "lo", "--out", str(tmp_path / "node")], netns=cluster.host("node").netns)
-        try:
-            daemon.wait_ready()
-            caller = cluster.popen("node", [str(TOOL_PYTHON), "-c", NCCL_CALLER, str(library)], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE)
-            assert caller.stdout.readline().strip() == b"loaded"
-            daemon.wait_for(r"probing libnccl in \S*libnccl\.so\.2", 30)
-            caller.stdin.write(b"go\n")
-            caller.stdin.flush()
-            record = json.loads(caller.stdout.readline())
-            assert caller.wait(timeout=30) == 0
-            assert daemon.stop() == 0, daemon.stderr
-        finally:
-            daemon.kill()
+    caller, record = run_probed(f"ncl{os.getpid() % 100000}", tmp_path,
+                                [str(TOOL_PYTHON), "-c", NCCL_CALLER, str(library)],
+                                b"loaded", r"probing libnccl in \S*libnccl\.so\.2")
     nccl = load_capture_dir(tmp_path / "node").nccl_events.sort_values("ts_ns")
     assert (nccl["pid"] == caller.pid).all()
     got = [tuple(None if pd.isna(value) else value for value in row) for row in nccl[["function", "sendbuff", "recvbuff", "count", "datatype", "op", "peer",
