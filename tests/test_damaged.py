@@ -122,10 +122,11 @@ def test_dropped_segments_become_holes_and_touched_messages_incomplete(reference
 def test_capture_started_mid_connection_resynchronises(reference, tmp_path):
     linktype, records, ref, _ = reference
     cut = len(records) // 3
-    messages, summary = _decode(_write(tmp_path / "worker0.pcap", linktype, records[cut:]))
+    dataset = decode_paths([_write(tmp_path / "worker0.pcap", linktype, records[cut:])])
+    messages, summary = dataset.tables["messages"].to_pandas(), dataset.summary
     cut_ns = int(round(records[cut][0] * 1e9))
     assert summary["midstream_streams"] > 0
-    streams = decode_paths([tmp_path / "worker0.pcap"]).tables["streams"].to_pandas()
+    streams = dataset.tables["streams"].to_pandas()
     midstream = streams[~streams["syn_seen"] & (streams["bytes"] > 0)]
     assert len(midstream) and (midstream["protocol"] == "pslite").all(), "caught mid-connection, still ps-lite"
     later = ref[ref["ts_first_ns"] > cut_ns + 5_000_000]        # messages that start well after the cut

@@ -37,16 +37,16 @@ def _multiset(rows, protocol: str) -> collections.Counter:
                                for r in rows if r.get("protocol") == protocol)
 
 
-def _pipeline_rows(path) -> list[dict]:
-    messages = decode_paths([path]).tables["messages"].to_pandas()
+def _rows(messages: pd.DataFrame) -> list[dict]:
     return messages.astype(object).where(messages.notna(), None).to_dict("records")
 
 
-def _assert_same(path, decoder, protocols):
+def _assert_same(tables, path, decoder, protocols):
+    """The pipeline's message rows (`tables`, decoded from `path`) are the decoder's own on that capture."""
     alone, _ = (run_capture_decoder(decoder, path) if isinstance(decoder, GlooCaptureDecoder)
                 else run_decoder(path, decoder))
     alone_rows = [{"protocol": decoder.protocol, **row} for row in alone.messages]
-    piped = _pipeline_rows(path)
+    piped = _rows(tables["messages"].to_pandas())
     for protocol in protocols:
         expected = _multiset(alone_rows, protocol)
         assert sum(expected.values()) > 0, protocol
@@ -62,8 +62,9 @@ def _assert_batched_is_per_packet(path):
 
 def test_roce_through_the_pipeline(tmp_path):
     truth = roce_capture(tmp_path / "roce.pcap")
-    _assert_same(truth.path, RoceCaptureDecoder(), ["roce"])
-    streams = decode_paths([truth.path]).tables["streams"].to_pandas()
+    tables = decode_paths([truth.path]).tables
+    _assert_same(tables, truth.path, RoceCaptureDecoder(), ["roce"])
+    streams = tables["streams"].to_pandas()
     roce = streams[streams["protocol"] == "roce"]
     assert len(roce) > 0 and roce["dest_qp"].notna().all() and roce["flow_id"].is_unique
     assert roce[["bad_icrc", "cnp", "retransmitted_packets", "naks"]].sum().gt(0).all()
@@ -73,10 +74,11 @@ def test_roce_through_the_pipeline(tmp_path):
 
 def test_nccl_socket_through_the_pipeline(tmp_path):
     capture = net_socket_capture(tmp_path / "nccl.pcap", era=ERA_INLINE, nsocks=2)
-    _assert_same(capture.path, NcclSocketCaptureDecoder(), ["nccl_socket", "nccl_bootstrap"])
-    messages = decode_paths([capture.path]).tables["messages"].to_pandas()
+    tables = decode_paths([capture.path]).tables
+    _assert_same(tables, capture.path, NcclSocketCaptureDecoder(), ["nccl_socket", "nccl_bootstrap"])
+    messages = tables["messages"].to_pandas()
     control = messages[messages["protocol"] == "nccl_socket"]
-    streams = decode_paths([capture.path]).tables["streams"].to_pandas()
+    streams = tables["streams"].to_pandas()
     assert set(control["flow_id"]) <= set(streams["flow_id"])
     _assert_batched_is_per_packet(capture.path)
 
@@ -87,8 +89,8 @@ def gloo_rank0():
 
 
 def test_gloo_through_the_pipeline(gloo_rank0):
-    _assert_same(gloo_rank0, GlooCaptureDecoder(), ["gloo"])
     tables = decode_paths([gloo_rank0]).tables
+    _assert_same(tables, gloo_rank0, GlooCaptureDecoder(), ["gloo"])
     collectives = tables["collectives"].to_pandas()
     alone, _ = run_capture_decoder(GlooCaptureDecoder(), gloo_rank0)
     assert len(collectives) == len(alone.collectives) > 0
