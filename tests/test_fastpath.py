@@ -266,7 +266,7 @@ class _Recorder:
         self.events.append(("skipped", stream_id, size, ts_ns))
 
     def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
-        pass    # compared elsewhere: the RoCE rows of both paths (test_batched_and_per_packet_*)
+        pass    # compared in tests/test_pipeline_apps.py: RoCE and NCCL tables of both paths are equal
 
 
 def _stream_state(tcp: TcpReassembler) -> list[dict]:
