@@ -46,8 +46,11 @@ PIECES = [
     ("colon", re.compile(r":")),
     ("line", re.compile(r"\d+")),
     ("separator", re.compile(r": ")),
-    # Runs to the newline; a "[" inside ("W[9] is connected") is text unless another entry starts there.
-    ("message", re.compile(r"[^\n]*?, body=.*?(?=\n\[|\n?\Z)|(?:[^\n\[]|\[(?!\[|\d\d:\d\d:\d\d\] ))*", re.S)),
+    # Runs to the newline; a "[" inside ("W[9] is connected") is text unless another entry starts there. No
+    # message starts with "[": one there opens another thread's entry, whose time comes after this message
+    # (seen: "...van.cc:419: [8 => 11. Meta: ...\n10:18:53] ../van.cc:394: ? => 8. ...").
+    ("message", re.compile(r"(?!\[)(?:[^\n]*?, body=.*?(?=\n\[|\n?\Z)|(?:[^\n\[]|\[(?!\[|\d\d:\d\d:\d\d\] ))*)",
+                           re.S)),
     ("newline", re.compile(r"\n")),
 ]
 META_RE = re.compile(r"^(\?|\d+) => (\d+)\. Meta: request=([01])(?:, timestamp=(\d+))?(.*)$", re.S)

@@ -90,6 +90,24 @@ def test_parse_pslite_log_untangles_lines_of_two_threads(tmp_path):
     assert log.attrs["unparsed_lines"] == [5]
 
 
+def test_parse_pslite_log_takes_a_stray_bracket_before_a_message_as_the_next_entry(tmp_path):
+    # Seen in a real worker log: one thread's "[" between another's prefix and its message, the rest of
+    # its own prefix on the next line (and its message a SimpleApp body running over lines).
+    path = tmp_path / "worker0.log"
+    path.write_text(
+        "[10:18:53] ../3rdparty/ps-lite/src/van.cc:419: [8 => 11. Meta: request=0, timestamp=0, app_id=0, "
+        "customer_id=0, simple_app=1, push=0, head=0\n"
+        "10:18:53] ../3rdparty/ps-lite/src/van.cc:394: ? => 8. Meta: request=1, timestamp=0, app_id=0, "
+        "customer_id=0, simple_app=1, push=0, head=0, body=ccopy_reg\n_reconstructor\nsb.\n"
+        "[10:18:53] ../3rdparty/ps-lite/src/van.cc:419: 10 => 11. Meta: request=0, timestamp=0, app_id=0, "
+        "customer_id=0, simple_app=1, push=0, head=0\n")
+    log = parse_pslite_log(path)
+    assert list(zip(log["direction"], log["sender_id"].fillna(-1), log["recver_id"], log["request"])) == [
+        ("recv", 8, 11, False), ("send", -1, 8, True), ("recv", 10, 11, False)]   # a send's sender: "?"
+    assert log["body"].tolist()[1] == "ccopy_reg\n_reconstructor\nsb."
+    assert log.attrs["unparsed_lines"] == []
+
+
 def test_parse_pslite_log_rejects_an_unknown_meta_layout(tmp_path):
     path = tmp_path / "node.log"
     path.write_text("[08:11:14] ../3rdparty/ps-lite/src/van.cc:394: ? => 1. Meta: request=1, surprise=3\n")
