@@ -41,6 +41,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -516,6 +517,9 @@ def _notify_systemd(state: bytes) -> None:
 
 # -- probes -------------------------------------------------------------------------------------------------
 
+_KIND_TGID = struct.Struct("<H2xI")       # the head of every probe event: kind, tgid
+
+
 class ProbeRecorder:
     """Receives ring-buffer events, frames them into the probe file, and acts on what they reveal:
     new processes (a PROCESS record) and newly opened shared objects (probes attached when they are
@@ -531,18 +535,30 @@ class ProbeRecorder:
         self.events = 0
         self.libraries: list[dict] = []
 
-    def on_event(self, payload: bytes) -> None:
-        kind = events.event_kind(payload)
-        if kind == Kind.LIB_OPEN:      # for discovery only: not recorded
-            opened = events.parse_event(payload)
-            if opened.tgid not in (os.getpid(), self.helper.pid):    # the helper reads libraries to inspect them
-                self._pending_libraries.append((opened.tgid, opened.path))
-            return
-        self._buffer += events.frame(payload)
-        self.events += 1
-        if kind != Kind.SOCK_STATE:      # state changes often run in softirq, where the task is arbitrary
-            _, _, tgid, _, netns, *_ = events.HEAD.unpack_from(payload)
-            self.note_process(tgid, netns)
+    def consume(self) -> None:
+        """Take every event waiting in the ring buffer: frame it into the probe file's buffer, and act on
+        the few that reveal something (a library opened, a process not seen before). Runs for every
+        event the probes emit, so it does as little as it can per event."""
+        buffer, seen, frame_length = self._buffer, self._seen_tgids, events.RECORD_LEN.pack
+        kind_tgid, lib_open, sock_state = _KIND_TGID.unpack_from, int(Kind.LIB_OPEN), int(Kind.SOCK_STATE)
+        count = 0
+        for payload in self.ring.records():
+            kind, tgid = kind_tgid(payload)
+            if kind == lib_open:          # for discovery only: not recorded
+                self._library_opened(bytes(payload))
+                continue
+            buffer += frame_length(len(payload))
+            buffer += payload
+            count += 1
+            # State changes often run in softirq, where the task is arbitrary.
+            if tgid not in seen and kind != sock_state:
+                self.note_process(tgid, events.HEAD.unpack_from(payload)[4])
+        self.events += count
+
+    def _library_opened(self, payload: bytes) -> None:
+        opened = events.parse_event(payload)
+        if opened.tgid not in (os.getpid(), self.helper.pid):    # the helper reads libraries to inspect them
+            self._pending_libraries.append((opened.tgid, opened.path))
 
     def note_process(self, tgid: int, netns: int | None) -> None:
         if tgid and tgid not in self._seen_tgids:
@@ -645,7 +661,7 @@ def start_probes(options: CaptureOptions, recorder: ProbeRecorder, log: Callable
         cflags = ebpf.probe_cflags(netns=status.netns, offsets=offsets)
         libraries = [str(library.resolve()) for library in options.libraries]
         recorder.helper = ebpf.ProbeHelper(cflags, libraries, close_in_child=close_in_helper)
-        recorder.ring = ebpf.RingReader(recorder.helper.events_fd, recorder.helper.lost_fd, recorder.on_event)
+        recorder.ring = ebpf.RingReader(recorder.helper.events_fd, recorder.helper.lost_fd)
         for path, attached in zip(libraries, recorder.helper.libraries):
             recorder.note_library(None, path, attached)
         # Jobs already running: the shared objects their processes map.
@@ -938,7 +954,7 @@ class _RunState:
         ring = self.recorder.ring
         if ring is None:
             return
-        ring.consume()
+        self.recorder.consume()
         self.recorder.attach_pending_libraries()
         if self.recorder.buffered_bytes >= PROBE_BUFFER_BYTES:
             self.flush_probes()
@@ -993,7 +1009,7 @@ class _RunState:
                 problems.append(str(exc))
         if self.recorder.ring is not None:
             try:
-                self.recorder.ring.consume()
+                self.recorder.consume()
                 self.recorder.record_clock()
             except Exception as exc:   # noqa: BLE001 - keep closing files whatever the probes do
                 problems.append(f"probes: {exc}")

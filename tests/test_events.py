@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decoders.errors import DecodeError
+from sniffer import ebpf
 from sniffer import events as ev
 
 PROBES_DIR = Path(__file__).resolve().parent.parent / "sniffer" / "probes"
@@ -261,3 +262,38 @@ def test_epoch_clock_uses_the_latest_pair_before_each_time():
     assert clock.epoch_ns(1000) == 2_000_000 and clock.epoch_ns(1500) == 2_000_500
     with pytest.raises(DecodeError, match="no clock pair"):
         ev.EpochClock([])
+
+
+# -- the ring buffer as the daemon walks it (sniffer/ebpf.py) -------------------------------------------------
+
+def _ring(size: int, records: list[tuple[int, bytes]], start: int = 0) -> tuple[memoryview, int]:
+    """A BPF ring buffer's data area as the kernel lays it out, mapped twice in a row: records of
+    (flags, payload) from position `start`, each a u32 length|flags, a u32 page offset and the payload
+    padded to 8 bytes. Returns (the double mapping, the producer position)."""
+    area = bytearray(size)
+    position = start
+    for flags, payload in records:
+        record = struct.pack("<II", len(payload) | flags, 0) + payload
+        record += bytes(-len(record) % 8)
+        for index, byte in enumerate(record):
+            area[(position + index) % size] = byte
+        position += len(record)
+    return memoryview(bytes(area + area)), position
+
+
+def test_ring_records_walks_committed_records_across_the_wrap_and_skips_discarded_ones():
+    payloads = [b"a" * 13, b"discarded", b"b" * 24, b"wraps around the end" * 2, b"c"]
+    flags = [0, ebpf._RINGBUF_DISCARD, 0, 0, 0]
+    data, producer = _ring(256, list(zip(flags, payloads)), start=200)     # the third record wraps
+    position = [200]
+    assert [bytes(view) for view in ebpf.ring_records(data, 255, position, producer)] == [
+        payloads[0], payloads[2], payloads[3], payloads[4]]
+    assert position == [producer]
+    assert list(ebpf.ring_records(data, 255, position, producer)) == []
+
+
+def test_ring_records_stops_at_a_record_still_being_written():
+    data, producer = _ring(64, [(0, b"done"), (ebpf._RINGBUF_BUSY, b"half-written"), (0, b"after")])
+    position = [0]
+    assert [bytes(view) for view in ebpf.ring_records(data, 63, position, producer)] == [b"done"]
+    assert position == [16]       # the busy record is read next time, once committed

@@ -134,6 +134,22 @@ def build_model(name: str, mx, nn):
             return nd.array(features), nd.array(rng.randint(0, 10, batch_size), dtype="float32")
 
         return net, make_batch
+    if name == "lenet":
+        # LeNet-5 as MXNet's MNIST example builds it (1.7 MB of parameters): a job whose batches compute
+        # for several milliseconds per worker between two exchanges, as real training does, rather than
+        # the communication-bound `mlp`.
+        net = nn.Sequential()
+        net.add(nn.Conv2D(20, kernel_size=5, in_channels=1, activation="relu"), nn.MaxPool2D(2, 2),
+                nn.Conv2D(50, kernel_size=5, in_channels=20, activation="relu"), nn.MaxPool2D(2, 2),
+                nn.Flatten(), nn.Dense(500, in_units=800, activation="relu"), nn.Dense(10, in_units=500))
+        net.initialize(mx.init.Xavier())
+
+        def make_batch(rng, batch_size):
+            images = numpy.zeros((batch_size, 1, 28, 28), dtype="float32")
+            images[:, :, 4:24, 4:24] = rng.random_sample((batch_size, 1, 20, 20))
+            return nd.array(images), nd.array(rng.randint(0, 10, batch_size), dtype="float32")
+
+        return net, make_batch
     if name == "sparse_embedding":
         return build_sparse_embedding(mx, nn)
     raise SystemExit(f"unknown model {name!r}")
@@ -220,7 +236,7 @@ def run_worker(args, record: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", type=Path, required=True, help="where to write this node's JSON record")
-    parser.add_argument("--model", default="mlp", choices=["mlp", "wide_mlp", "sparse_embedding"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "wide_mlp", "lenet", "sparse_embedding"])
     parser.add_argument("--kvstore", default="dist_sync")
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
