@@ -25,6 +25,7 @@ STREAMS_SCHEMA = pa.schema([
     ("packets", _i64),
     ("bytes", _i64),
     ("missing_bytes", _i64),
+    ("uncaptured_bytes", _i64),
     ("retransmitted_bytes", _i64),
     ("protocol", pa.string()),
     ("zmtp_version", pa.string()),

@@ -218,7 +218,7 @@ class _CaptureDecoder:
             if not st.decided:
                 self._decide(st, final=True)
             if st.zmtp is not None:
-                st.zmtp.receive_gap(ev.size, ev.ts_ns)
+                st.zmtp.receive_gap(ev.size, ev.ts_ns, lost=ev.lost)
                 self._drain(st)
             elif st.app is not None:
                 st.app.on_gap(st.stream_id, ev.size, ev.ts_ns)
@@ -427,6 +427,7 @@ class _CaptureDecoder:
             cols["packets"].append(info.packets)
             cols["bytes"].append(info.bytes)
             cols["missing_bytes"].append(info.missing_bytes)
+            cols["uncaptured_bytes"].append(info.uncaptured_bytes)
             cols["retransmitted_bytes"].append(info.retransmitted_bytes)
             cols["protocol"].append(("pslite" if st.is_pslite else "zmtp") if is_zmtp else "tcp")
             cols["zmtp_version"].append(z.version if is_zmtp else None)
@@ -731,6 +732,7 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         "flows_by_protocol": streams.groupby("protocol").size().to_dict() if len(streams) else {},
         "tcp_bytes": int(tcp["bytes"].sum()),
         "missing_bytes": int(tcp["missing_bytes"].sum()),
+        "uncaptured_bytes": int(tcp["uncaptured_bytes"].sum()),
         "retransmitted_bytes": int(tcp["retransmitted_bytes"].sum()),
         "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
         "midstream_streams": int((tcp["syn_seen"] == False).sum()),  # noqa: E712 (a nullable column)

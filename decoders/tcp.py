@@ -4,7 +4,8 @@ A *stream* is one direction of one TCP connection. Its bytes come out in order, 
 `StreamData` at stream offsets (0 = the byte after the SYN, or the first byte seen when the capture
 started mid-connection). Bytes the capture never saw come out as `StreamGap`, in their place in the
 order, so a consumer can skip them:
-- a segment cut by the capture's snaplen: the missing tail is known at once;
+- a segment cut by the capture's snaplen (or by the capture daemon's in-kernel cut of tensor values): the
+  missing tail is known at once and is not lost: the packet was on the wire whole (`StreamGap.lost` False);
 - a dropped segment: data buffered past the hole shows it, and the hole is declared lost once the other
   direction has acknowledged beyond it (the receiver got bytes this capture never saw) and a reorder
   window of capture time has passed since that acknowledgement (captures reorder packets: `-i any`
@@ -55,9 +56,10 @@ class StreamData:
 @dataclass(frozen=True, slots=True)
 class StreamGap:
     stream_id: int
-    ts_ns: int                   # capture time of the packet that showed the bytes are lost
+    ts_ns: int                   # capture time of the packet that showed the bytes are missing
     offset: int
     size: int
+    lost: bool = True            # False: the packet was captured, cut short by the snaplen on purpose
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +76,15 @@ class TcpStream:
     """One direction's statistics (public) and reassembly state.
 
     `bytes` counts captured payload bytes delivered as StreamData, each once; `missing_bytes` those
-    delivered as StreamGap; so `bytes + missing_bytes` is how far the stream got. `retransmitted_bytes`
+    delivered as lost StreamGaps (segments the capture never saw), `uncaptured_bytes` those of segments it
+    saw cut short (snaplen); so `bytes + missing_bytes + uncaptured_bytes` is how far the stream got. `retransmitted_bytes`
     counts payload bytes that repeated bytes already delivered, declared lost or buffered, and payload
     after the stream ended (for a stream whose start was not captured, also bytes before its first byte
     seen). `buffered_bytes` is out-of-order data waiting for a hole to fill.
     """
 
     __slots__ = ("stream_id", "key", "syn_seen", "first_ts_ns", "last_ts_ns", "packets", "bytes",
-                 "missing_bytes", "retransmitted_bytes", "fin_seen", "rst_seen", "ended", "buffered_bytes",
+                 "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "fin_seen", "rst_seen", "ended", "buffered_bytes",
                  "_isn", "_next_seq", "_next_offset", "_acked_offset", "_acked_ts_ns", "_fin_offset", "_fin_ts_ns",
                  "_pending")
 
@@ -94,6 +97,7 @@ class TcpStream:
         self.packets = 0
         self.bytes = 0
         self.missing_bytes = 0
+        self.uncaptured_bytes = 0
         self.retransmitted_bytes = 0
         self.fin_seen = False
         self.rst_seen = False
@@ -112,7 +116,7 @@ class TcpStream:
 
     def __repr__(self) -> str:
         return (f"TcpStream(id={self.stream_id}, packets={self.packets}, bytes={self.bytes}, "
-                f"missing={self.missing_bytes}, retransmitted={self.retransmitted_bytes}, "
+                f"missing={self.missing_bytes}, uncaptured={self.uncaptured_bytes}, retransmitted={self.retransmitted_bytes}, "
                 f"syn={self.syn_seen}, fin={self.fin_seen}, rst={self.rst_seen}, ended={self.ended})")
 
     def offset_of(self, seq: int) -> int:
@@ -273,8 +277,8 @@ class TcpReassembler:
                                      payload if payload.__class__ is memoryview else memoryview(payload)))
             stream.bytes += captured
         if captured < size:                 # snaplen cut the segment
-            events.append(StreamGap(stream.stream_id, ts_ns, offset + captured, size - captured))
-            stream.missing_bytes += size - captured
+            events.append(StreamGap(stream.stream_id, ts_ns, offset + captured, size - captured, lost=False))
+            stream.uncaptured_bytes += size - captured
         stream._next_offset = offset + size
         stream._next_seq = (stream._next_seq + size) & _SEQ_MASK
 
@@ -332,9 +336,9 @@ class TcpReassembler:
         pending = stream._pending
         while pending and pending[0][0] == stream._next_offset:
             start, end, data, ts_ns = pending.pop(0)
-            if data is None:
-                events.append(StreamGap(stream.stream_id, ts_ns, start, end - start))
-                stream.missing_bytes += end - start
+            if data is None:                # the cut tail of a segment that came out of order
+                events.append(StreamGap(stream.stream_id, ts_ns, start, end - start, lost=False))
+                stream.uncaptured_bytes += end - start
                 stream._next_offset = end
                 stream._next_seq = (stream._next_seq + end - start) & _SEQ_MASK
             else:

@@ -150,7 +150,8 @@ class _Barrier(enum.Enum):
 class _ChunkQueue:
     """Undecoded input in stream order: captured chunks (memoryviews, never copied) and gap markers.
 
-    Each item is [view, size, ts_ns]; view None marks `size` bytes the capture lost.
+    Each item is [view, size, ts_ns]; view None marks `size` bytes the capture did not record: lost
+    (never seen) or cut (seen, cut short by the snaplen), told apart by the item's fourth element.
     """
     __slots__ = ("_items", "_pos", "_gaps", "offset", "last_ts_ns", "ended", "buffered_bytes")
 
@@ -167,9 +168,13 @@ class _ChunkQueue:
         self._items.append([view, len(view), ts_ns])
         self.buffered_bytes += len(view)
 
-    def push_gap(self, size: int, ts_ns: int) -> None:
-        self._items.append([None, size, ts_ns])
+    def push_gap(self, size: int, ts_ns: int, lost: bool) -> None:
+        self._items.append([None, size, ts_ns, lost])
         self._gaps += 1
+
+    def gap_lost(self) -> bool:
+        """Is the gap at the current position bytes the capture never saw (not a snaplen cut)?"""
+        return self._items[0][3]
 
     def buffered(self) -> bool:
         """Is anything (bytes or a gap) queued and not consumed?"""
@@ -199,7 +204,8 @@ class _ChunkQueue:
         if not self._gaps:
             return self.buffered_bytes >= n
         have = -self._pos
-        for view, size, _ in self._items:
+        for item in self._items:
+            view, size = item[0], item[1]
             if view is None:
                 return False
             have += size
@@ -211,7 +217,8 @@ class _ChunkQueue:
         """Up to n bytes from the current position (fewer at a gap or when no more are buffered)."""
         parts = []
         pos = self._pos
-        for view, size, _ in self._items:
+        for item in self._items:
+            view, size = item[0], item[1]
             if view is None or n <= 0:
                 break
             take = min(size - pos, n)
@@ -258,7 +265,7 @@ class _ChunkQueue:
 
     def drop_all(self) -> int:
         """Forget everything queued; return how many stream bytes that was."""
-        dropped = self.buffered_bytes + sum(size for view, size, _ in self._items if view is None)
+        dropped = self.buffered_bytes + sum(item[1] for item in self._items if item[0] is None)
         self.offset += dropped
         self._items.clear()
         self._pos = self._gaps = self.buffered_bytes = 0
@@ -375,14 +382,15 @@ class ZmtpDecoder:
             view = view.cast("B")
         self._queue.push(view, ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int) -> None:
-        """Record that `size` bytes of the stream, at this point, were never captured."""
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
+        """Record that `size` bytes of the stream, at this point, were not captured: lost, or (lost False)
+        cut on purpose by the snaplen. A cut inside a frame body that is not kept leaves the frame whole."""
         if size <= 0:
             return
         if self._state is _State.FAILED or self._queue.ended:
             self.lost_bytes += size
             return
-        self._queue.push_gap(size, ts_ns)
+        self._queue.push_gap(size, ts_ns, lost)
 
     def skippable_bytes(self) -> int:
         """How many of the stream's next bytes `skip` may account for unseen: the rest of a frame body it
@@ -556,6 +564,10 @@ class ZmtpDecoder:
             barrier = q.barrier()
             if barrier is None:
                 return NEED_DATA
+            if barrier is _Barrier.GAP and not self._frame_collect and not q.gap_lost():
+                # Value bytes the capture cut on purpose, in a body not kept: nothing of the frame is lost.
+                self._frame_remaining -= q.read_gap(self._frame_remaining)
+                continue
             # Lost or missing body bytes: the frame's end is still known, its body is not whole.
             self._frame_complete = False
             self._frame_collect = 0

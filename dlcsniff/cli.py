@@ -143,7 +143,7 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
     out.print(f"flows (TCP directions) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
-              f"{summary['streams_with_holes']} flows; retransmitted {summary['retransmitted_bytes']:,} B; "
+              f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; retransmitted {summary['retransmitted_bytes']:,} B; "
               f"{summary['midstream_streams']} flows started before the capture; "
               f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
     out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
@@ -328,6 +328,10 @@ def capture(
     lib: Annotated[Optional[list[Path]], typer.Option("--lib", help="Also probe this libzmq/libnccl (or a library "
                                                       "embedding it) from the start; repeatable.")] = None,
     buffer_mb: Annotated[int, typer.Option("--buffer-mb", help="Kernel capture ring in MiB.")] = 64,
+    full_payload: Annotated[bool, typer.Option("--full-payload", help="Record every byte of every packet. By "
+                                               "default an eBPF filter cuts the values of large ZMTP data "
+                                               "frames (over 64 KiB) in the kernel; decoding needs none of "
+                                               "them.")] = False,
     print_bpf: Annotated[bool, typer.Option("--print-bpf", help="Print the eBPF program and its compiler flags "
                                             "as they would be used here, and exit.")] = False,
 ) -> None:
@@ -345,7 +349,7 @@ def capture(
         raise typer.Exit(2)
     options = CaptureOptions(interface=iface, out_dir=out_dir, filter=filter_text, ports=ports, snaplen=snaplen,
                              rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration, ebpf=not no_ebpf,
-                             user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb)
+                             user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb, full_payload=full_payload)
     try:
         # The daemon's own plain stderr lines: after the switch to an unprivileged user it must not need
         # anything (a lazily imported module) it can no longer read.

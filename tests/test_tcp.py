@@ -83,7 +83,8 @@ def segments(raws: list[bytes]) -> list[Segment]:
 class StreamOutput:
     started: StreamStarted
     data: bytearray = field(default_factory=bytearray)   # delivered bytes, gaps left out
-    gaps: list[tuple[int, int]] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)     # lost: never captured
+    cuts: list[tuple[int, int]] = field(default_factory=list)     # captured, cut short by the snaplen
     ended: StreamEnded | None = None
     next_offset: int = 0
 
@@ -106,10 +107,11 @@ def collect(events, out: dict[int, StreamOutput]) -> None:
             stream.next_offset += len(ev.data)
         else:
             assert isinstance(ev, StreamGap) and ev.size > 0 and ev.offset == stream.next_offset
-            if stream.gaps and stream.gaps[-1][0] + stream.gaps[-1][1] == ev.offset:   # adjacent gaps: one hole
-                stream.gaps[-1] = (stream.gaps[-1][0], stream.gaps[-1][1] + ev.size)
+            holes = stream.gaps if ev.lost else stream.cuts
+            if holes and holes[-1][0] + holes[-1][1] == ev.offset:   # adjacent gaps: one hole
+                holes[-1] = (holes[-1][0], holes[-1][1] + ev.size)
             else:
-                stream.gaps.append((ev.offset, ev.size))
+                holes.append((ev.offset, ev.size))
             stream.next_offset += ev.size
 
 
@@ -326,16 +328,18 @@ def test_keepalives_and_zero_window_probes():
     assert r.streams[0].retransmitted_bytes == 2
 
 
-def test_snaplen_cut_segments_report_the_missing_tail():
+def test_snaplen_cut_segments_report_the_uncaptured_tail_apart_from_lost_bytes():
     flow = Flow(client_isn=2024)
     segs = segments(simple_flow(flow))
     for seg in segs:                        # a 1100-byte snaplen on the data segments: 40-byte headers
         if seg.wire_payload_len > 1060:
             seg.payload = seg.payload[:1060]
     out, r = reassemble(segs)
-    assert out[0].gaps == [(2060, 440), (3560, 1440)]
+    assert out[0].cuts == [(2060, 440), (3560, 1440)] and out[0].gaps == []
     assert bytes(out[0].data) == DATA[:2060] + DATA[2500:3560]
-    assert r.streams[0].bytes + r.streams[0].missing_bytes == len(DATA) and out[0].ended.reason == "fin"
+    stream = r.streams[0]
+    assert (stream.missing_bytes, stream.uncaptured_bytes) == (0, 440 + 1440)
+    assert stream.bytes + stream.uncaptured_bytes == len(DATA) and out[0].ended.reason == "fin"
 
 
 def test_fin_captured_before_the_last_data():
@@ -459,6 +463,7 @@ def test_fuzz_arbitrary_segments_keep_the_contract(packets):
         result = out[stream.stream_id]
         assert result.ended is not None and stream.buffered_bytes == 0
         assert stream.bytes == len(result.data) and stream.missing_bytes == sum(size for _, size in result.gaps)
+        assert stream.uncaptured_bytes == sum(size for _, size in result.cuts)
 
 
 # -- real TCP transfers captured by tcpdump -------------------------------------------------------------------
@@ -527,9 +532,9 @@ def test_real_capture_with_a_small_snaplen_reports_every_missing_byte(transfer):
     out, r = reassemble(segs)
     client, _ = _client_and_server(out, transfer)
     data, gaps, wire_bytes = _client_truth(segs, transfer)
-    assert bytes(client.data) == data and client.gaps == gaps and len(gaps) > 10
+    assert bytes(client.data) == data and client.cuts == gaps and len(gaps) > 10 and client.gaps == []
     stream = r.streams[client.started.stream_id]
-    assert stream.bytes + stream.missing_bytes == len(transfer.request)
+    assert stream.bytes + stream.uncaptured_bytes == len(transfer.request) and stream.missing_bytes == 0
     assert stream.retransmitted_bytes == wire_bytes - len(transfer.request)
 
 

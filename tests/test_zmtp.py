@@ -297,6 +297,22 @@ def test_end_of_stream_inside_a_message_or_a_header():
     assert drain(dec) == [] and dec.lost_bytes == 1 + 4 + 6
 
 
+def test_values_cut_by_the_snaplen_leave_the_message_whole_but_lost_ones_do_not():
+    values = payload(200_000)
+    stream = greeting_v3() + message(b"M0", values, b"lens") + message(b"M1")
+    body_start = len(greeting_v3()) + len(frame(b"M0", more=True)) + 9      # a long frame's 9-byte header
+    kept, rest = stream[:body_start + 1000], stream[body_start + 200_000:]  # 1000 value bytes were captured
+    for lost in (False, True):
+        events, dec = decode([(kept, 0), Gap(199_000, 0, lost=lost), (rest, 0)])
+        assert messages(without_timestamps(events)) == [
+            Message(0, 0, (2, 200_000, 4), (b"M0", None, b"lens"), not lost), msg(b"M1")]
+        assert dec.lost_bytes == 0 and dec.resyncs == 0
+    # A cut inside a body that is kept (the meta) leaves that frame incomplete: its bytes were wanted.
+    events, _ = decode([(stream[:len(greeting_v3()) + 3], 0), Gap(1, 0, lost=False),
+                        (stream[len(greeting_v3()) + 4:], 0)])
+    assert [m.complete for m in messages(events)] == [False, True]
+
+
 def test_midstream_resynchronises_on_the_next_validated_message():
     stream, bodies, offsets = single_frame_stream(10)
     for start in (offsets[0] + 1, offsets[3] - 1, offsets[3] + 300):

@@ -105,9 +105,10 @@ def _pump(src: socket.socket, dst: socket.socket, record: list[tuple[bytes, int]
 
 @dataclass(frozen=True)
 class Gap:
-    """`size` bytes of the stream that the capture lost."""
+    """`size` bytes of the stream that the capture lost (lost=False: cut short on purpose, by a snaplen)."""
     size: int
     ts_ns: int = 0
+    lost: bool = True
 
 
 def decode(pieces, *, end: bool = True, **decoder_options) -> tuple[list, ZmtpDecoder]:
@@ -116,7 +117,7 @@ def decode(pieces, *, end: bool = True, **decoder_options) -> tuple[list, ZmtpDe
     events = []
     for piece in pieces:
         if isinstance(piece, Gap):
-            decoder.receive_gap(piece.size, piece.ts_ns)
+            decoder.receive_gap(piece.size, piece.ts_ns, lost=piece.lost)
         else:
             decoder.receive_data(*piece)
         events.extend(drain(decoder))
