@@ -9,7 +9,8 @@ through `feed_packet`, in capture order, so the result is exactly the per-packet
   without extension headers, and TCP are read with numpy over the whole batch; any packet the vectorised
   reader is not sure of (VLAN tags, fragments, unset IP lengths, other protocols, cut headers) is parsed
   by `parse_packet`, which also counts it in the ParseStats;
-- TCP: a segment is *fast* when it carries no SYN/FIN/RST, its payload is whole and starts at the next
+- TCP: a segment is *fast* when it carries no SYN/FIN/RST, its payload (whole, or cut short by the
+  snaplen: the rest is uncaptured, not lost) starts at the next
   expected byte of a stream that has nothing buffered out of order and no FIN, and its acknowledgement
   (if any) is for a stream in the same clean state (or for none). Fast segments change a stream only by
   counters and positions, so they are applied lazily, a connection at a time, when a packet of that
@@ -32,7 +33,7 @@ from decoders.capture import EPB_HEADER_BYTES, NS_PER_S, PCAP_RECORD_HEADER_BYTE
 from decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, RST,
                              SUPPORTED_LINKTYPES, SYN, ParseStats, Segment, parse_packet)
-from decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, TcpReassembler, TcpStream
+from decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler, TcpStream
 
 _SEQ_MASK = SEQ_MODULUS - 1
 # An acknowledgement this close to a stream's next byte names the same stream offset whenever, within one
@@ -309,7 +310,8 @@ _TOUCH, _SLOW = 0, 1
 
 class _Flow:
     """One TCP direction's packets in the batch; `positions` index its `packets` list."""
-    __slots__ = ("number", "key", "reverse", "pair", "packets", "packets_np", "cum", "cum_np", "slow", "data",
+    __slots__ = ("number", "key", "reverse", "pair", "packets", "packets_np", "cum", "cum_np", "cum_captured",
+                 "slow", "data",
                  "chain_breaks", "acks", "acks_np", "ack_values", "ack_offsets", "ack_insane", "ack_target",
                  "stream", "applied", "shown", "version")
 
@@ -319,7 +321,8 @@ class _Flow:
         self.reverse = number               # number of the other direction's flow (no reference cycle)
         self.pair = number                   # number of the connection's first flow
         self.packets: list[int] = []        # batch indices of its TCP packets
-        self.cum = [0]                      # captured payload bytes before each position (and in all)
+        self.cum = [0]                      # payload bytes (on the wire) before each position (and in all)
+        self.cum_captured = [0]             # of which the capture holds (the rest was cut by the snaplen)
         self.slow: list[int] = []           # positions that always take the per-packet path
         self.data: list[int] = []           # positions of segments with payload
         self.chain_breaks: list[int] = []   # data positions not starting where the previous one ended
@@ -417,10 +420,12 @@ class _Batch:
             packets = order[bounds[flow.number]:bounds[flow.number + 1]]
             flow.packets, flow.packets_np = packets.tolist(), packets
             cum = np.zeros(len(packets) + 1, dtype=np.int64)
-            np.cumsum(captured[packets], out=cum[1:])
+            np.cumsum(wire[packets], out=cum[1:])
             flow.cum, flow.cum_np = cum.tolist(), cum
+            np.cumsum(captured[packets], out=cum[1:])
+            flow.cum_captured = cum.tolist()
             f = flags[packets]
-            slow = ~vectorised[packets] | (f & (SYN | FIN | RST) != 0) | (captured[packets] != wire[packets])
+            slow = ~vectorised[packets] | (f & (SYN | FIN | RST) != 0)
             self_connection = flow.reverse == flow.number
             flow.slow = list(range(len(packets))) if self_connection else np.flatnonzero(slow).tolist()
             data = np.flatnonzero(wire[packets] > 0)
@@ -480,6 +485,7 @@ class _Batch:
         for f, end in zip((flow, reverse), ends):
             if end > f.applied:
                 f.stream.deliver_bulk(end - f.applied, f.cum[end] - f.cum[f.applied],
+                                      f.cum_captured[end] - f.cum_captured[f.applied],
                                       int(self.ts_ns[f.packets[end - 1]]))
                 self.owner.bulk_packets += end - f.applied
                 f.applied = end
@@ -612,7 +618,11 @@ class _Batch:
         row = self.row[index]
         start = int(self.payload_start[row])
         offset = stream.next_offset + flow.cum[position] - flow.cum[flow.applied]
-        self.consumer.on_tcp_event(StreamData(stream.stream_id, int(self.ts_ns[index]), offset,
-                                              self.buf[start:start + int(self.payload_len[row])]))
+        captured, ts_ns = int(self.payload_len[row]), int(self.ts_ns[index])
+        if captured:
+            self.consumer.on_tcp_event(StreamData(stream.stream_id, ts_ns, offset, self.buf[start:start + captured]))
+        cut = flow.cum[position + 1] - flow.cum[position] - captured
+        if cut:
+            self.consumer.on_tcp_event(StreamGap(stream.stream_id, ts_ns, offset + captured, cut, lost=False))
         flow.shown = position + 1
         self._queue_payload(flow)

@@ -143,12 +143,14 @@ class TcpStream:
         starts at the next byte only moves counters, and acknowledging it resolves nothing."""
         return not self.ended and not self._pending and self._fin_offset is None
 
-    def deliver_bulk(self, packets: int, size: int, last_ts_ns: int) -> None:
-        """What `packets` such segments, `size` payload bytes in all, the last captured at last_ts_ns, do
-        to the stream (their StreamData events aside)."""
+    def deliver_bulk(self, packets: int, size: int, captured: int, last_ts_ns: int) -> None:
+        """What `packets` such segments, `size` payload bytes in all of which the capture holds `captured`
+        (the rest cut by the snaplen), the last captured at last_ts_ns, do to the stream (their StreamData
+        and StreamGap events aside)."""
         self.packets += packets
         self.last_ts_ns = last_ts_ns
-        self.bytes += size
+        self.bytes += captured
+        self.uncaptured_bytes += size - captured
         self._next_offset += size
         self._next_seq = (self._next_seq + size) & _SEQ_MASK
 
