@@ -23,6 +23,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from decoders.errors import DecodeError
 from decoders.pslite_meta import PBMeta
+from decoders.zmtp import DEFAULT_KEPT_BODY_BYTES
 
 K_EMPTY = 2**31 - 1                  # ps-lite's Meta::kEmpty / Node::kEmpty: an unset id, head, timestamp...
 PS_MAX_KEY = 2**64 - 1               # ps-lite base.h kMaxKey
@@ -391,11 +392,16 @@ class PsliteDecoder:
 
     def keep_body(self, frame_index: int, size: int) -> bool:
         """For ZmtpDecoder: keep the routing frame, the meta, the keys and the lens frame; never the values.
+        Past a message's first two frames, bodies over DEFAULT_KEPT_BODY_BYTES are not kept either (a lens
+        frame that large lists over 8,000 keys): the capture daemon's in-kernel cut follows the same rule
+        (sniffer/probes/zmtp_snap.c), so a capture it cut decodes as a whole one does.
 
         Called for the frames of a message in order, before their bodies arrive."""
         if frame_index == 0:
             self._first_frame_size = size
             return True
+        if frame_index >= 2 and size > DEFAULT_KEPT_BODY_BYTES:
+            return False
         routed = self.routed
         if routed is None:
             routed = self.flavor != "dmlc" and self._first_frame_size <= MAX_ROUTING_FRAME_BYTES

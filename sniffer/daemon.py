@@ -9,6 +9,14 @@ The directory (0700, files 0600: captures hold model weights) receives, per run 
 - capture.json             every run and every file, with per file `packets` and `dropped`.
 A restart adds the next set and leaves the old files alone.
 
+Payload: by default each packet is cut in the kernel by the ZMTP snap filter (probes/zmtp_snap.c, an eBPF
+socket filter the probe helper compiles with the probes and the daemon attaches to its libpcap socket in
+place of libpcap's filter): TCP/IP headers, ZMTP greetings, frame headers and small bodies are kept, the
+values of data frames over 64 KiB are not (their wire lengths are). --ports is then applied by the same
+filter. --full-payload, --filter (a pcap expression stays libpcap's filter: a socket has one), --snaplen,
+--no-ebpf or a failed load mean whole packets; capture.json run["payload"] says which, why, and what was
+cut (counts refreshed with the status).
+
 Packets: libpcap, driven in-process through ctypes, each batch written by libpcap's own pcap_dump
 (C, no Python per packet). Measured against supervising tcpdump (same 64 MiB ring, snaplen 262144;
 tests/bench_capture.py `compare_capture_tools`, and the same traffic on lo): 1.44 us of CPU per packet
@@ -23,7 +31,8 @@ is open.
 
 Order of start (everything that can fail on a bad option fails before anything is created):
 options → interface → libpcap open + filter compile (root) → probe helper forked: it compiles and
-attaches the eBPF probes and hands over their ring buffer (root; sniffer/ebpf.py) → directory opened →
+attaches the eBPF probes and hands over their ring buffer and the snap filter (root; sniffer/ebpf.py) →
+snap filter attached → directory opened →
 privileges dropped for good (user tcpdump, no capabilities; the directory is used through a descriptor)
 → loop. Only the helper stays root, to attach uprobes to libraries jobs load later.
 Stop: SIGINT/SIGTERM/SIGHUP, --duration, a full disk or the disk budget; the kernel ring is drained,
@@ -74,6 +83,11 @@ STDIO_BUFFER_BYTES = 1 << 20
 JSON_BYTES_PER_FILE = 512          # capture.json growth per file it lists (disk budget reserve)
 JSON_BYTES_BASE = 16384
 EXIT_OK, EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_DISK_FULL = 0, 1, 2, 3
+# Bytes before the network header in what the packet socket sees, per pcap link type: the cooked `any`
+# socket (SOCK_DGRAM) starts at the network header, an Ethernet one (SOCK_RAW) at the Ethernet header
+# (a VLAN tag is never in it on Linux). Other link types are captured whole.
+DLT_EN10MB, DLT_LINUX_SLL, DLT_LINUX_SLL2 = 1, 113, 276
+LINK_HEADER_BYTES = {DLT_EN10MB: 14, DLT_LINUX_SLL: 0, DLT_LINUX_SLL2: 0}
 DEFAULT_USERS = ("tcpdump", "nobody")
 
 
@@ -105,6 +119,7 @@ class CaptureOptions:
     user: str | None = None                  # None: the first of DEFAULT_USERS that exists
     libraries: tuple[Path, ...] = ()         # probed from the start, beside those found in processes
     buffer_mb: int = 64                      # kernel capture ring
+    full_payload: bool = False               # True: every byte of every packet (no ZMTP cut)
 
 
 def parse_ports(text: str) -> list[tuple[int, int]]:
@@ -131,6 +146,21 @@ def capture_filter(filter_text: str | None, ports: str | None) -> str | None:
         terms = [f"tcp port {low}" if low == high else f"tcp portrange {low}-{high}" for low, high in parse_ports(ports)]
         parts.append(f"({' or '.join(terms)})")
     return " and ".join(parts) or None
+
+
+def full_payload_reason(options: CaptureOptions, linktype: int) -> str | None:
+    """Why packets must be recorded whole (None: the ZMTP snap filter may cut them)."""
+    if options.full_payload:
+        return "--full-payload"
+    if not options.ebpf:
+        return "--no-ebpf: the cut is an eBPF socket filter"
+    if options.filter:
+        return "--filter: the pcap expression stays libpcap's filter, and a socket has only one"
+    if options.snaplen not in (0, MAX_SNAPLEN):
+        return f"--snaplen {options.snaplen}"
+    if linktype not in LINK_HEADER_BYTES:
+        return f"link type {linktype}: the cut knows Ethernet and Linux cooked headers only"
+    return None
 
 
 def resolve_user(name: str | None) -> pwd.struct_passwd:
@@ -642,9 +672,11 @@ class EbpfStatus:
 
 
 def start_probes(options: CaptureOptions, recorder: ProbeRecorder, log: Callable[[str], None],
-                 close_in_helper: tuple[int, ...]) -> EbpfStatus:
+                 close_in_helper: tuple[int, ...], snap_link_header_bytes: int | None = None) -> EbpfStatus:
     """Start the probe helper (which compiles and attaches the probes, and closes `close_in_helper`) and
-    read its ring buffer; on any failure but a bad --lib say why once and go on without probes."""
+    read its ring buffer; on any failure but a bad --lib say why once and go on without probes.
+    With `snap_link_header_bytes`, the helper also loads the ZMTP snap filter for a packet socket whose
+    data starts that many bytes before the network header (recorder.helper.snap)."""
     if not options.ebpf:
         return EbpfStatus(False, "disabled by --no-ebpf")
     if os.geteuid() != 0:
@@ -658,9 +690,12 @@ def start_probes(options: CaptureOptions, recorder: ProbeRecorder, log: Callable
         if not offsets:
             status.notes.append("no kernel BTF: events of every network namespace are recorded, with thread names")
         status.netns_filtered = bool(offsets)
-        cflags = ebpf.probe_cflags(netns=status.netns, offsets=offsets)
+        snap = snap_link_header_bytes is not None
+        cflags = ebpf.probe_cflags(
+            netns=status.netns, offsets=offsets, link_header_bytes=snap_link_header_bytes or 0,
+            port_ranges=parse_ports(options.ports) if snap and options.ports else ())
         libraries = [str(library.resolve()) for library in options.libraries]
-        recorder.helper = ebpf.ProbeHelper(cflags, libraries, close_in_child=close_in_helper)
+        recorder.helper = ebpf.ProbeHelper(cflags, libraries, close_in_child=close_in_helper, snap=snap)
         recorder.ring = ebpf.RingReader(recorder.helper.events_fd, recorder.helper.lost_fd)
         for path, attached in zip(libraries, recorder.helper.libraries):
             recorder.note_library(None, path, attached)
@@ -685,6 +720,40 @@ def print_bpf_program() -> str:
     """The program and flags `capture` would compile here (nothing is mounted, linked or loaded)."""
     cflags = ebpf.probe_cflags(netns=ebpf.netns_inode(), offsets=ebpf.kernel_offsets())
     return ebpf.program_listing(cflags)
+
+
+class PayloadCut:
+    """What the pcap files hold of each packet: everything ("full", with the reason), or what the ZMTP snap
+    filter keeps ("zmtp-cut": probes/zmtp_snap.c, attached to the capture socket in place of libpcap's
+    filter). Packets the socket queued before the filter was attached stay whole."""
+
+    def __init__(self, full_reason: str | None) -> None:
+        self.reason = full_reason
+        self._filter: ebpf.SnapFilter | None = None
+
+    @property
+    def mode(self) -> str:
+        return "full" if self._filter is None else "zmtp-cut"
+
+    def start(self, helper: ebpf.ProbeHelper | None, ebpf_status: EbpfStatus, packet_socket_fd: int) -> None:
+        if helper is None or helper.snap is None:
+            self.reason = (helper.snap_error if helper is not None else None) or f"eBPF off: {ebpf_status.reason}"
+            return
+        try:
+            helper.snap.attach(packet_socket_fd)
+        except ebpf.EbpfUnavailable as exc:
+            helper.snap.close()
+            self.reason = str(exc)
+            return
+        self._filter = helper.snap
+
+    def status(self) -> dict:
+        counts = self._filter.counts() if self._filter is not None else dict.fromkeys(ebpf.SNAP_COUNTERS, 0)
+        return {"mode": self.mode, "reason": self.reason, **counts}
+
+    def close(self) -> None:
+        if self._filter is not None:
+            self._filter.close()
 
 
 # -- the daemon --------------------------------------------------------------------------------------------
@@ -732,8 +801,14 @@ class Daemon:
         self.pcap = LivePcap(options.interface, snaplen=options.snaplen, buffer_bytes=options.buffer_mb << 20,
                              filter_text=filter_text)
         recorder = ProbeRecorder(self.log)
+        payload = PayloadCut(full_payload_reason(options, self.pcap.linktype))
         try:
-            ebpf_status = start_probes(options, recorder, self.log, close_in_helper=(self.pcap.fd,))
+            ebpf_status = start_probes(
+                options, recorder, self.log, close_in_helper=(self.pcap.fd,),
+                snap_link_header_bytes=None if payload.reason else LINK_HEADER_BYTES[self.pcap.linktype])
+            if not payload.reason:
+                payload.start(recorder.helper, ebpf_status, self.pcap.fd)
+                self.log(f"payload: {payload.mode}" + (f" ({payload.reason})" if payload.reason else ""))
             directory.create(user)
             if ebpf_status.enabled and ebpf_status.netns is not None:
                 recorder.record_clock()
@@ -743,8 +818,9 @@ class Daemon:
             # Batch scheduling: the daemon's work is throughput, not latency (the kernel ring holds the
             # packets), so its wakeups must not preempt the job it watches.
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-            return self._loop(directory, budget, recorder, ebpf_status, filter_text, user)
+            return self._loop(directory, budget, recorder, ebpf_status, payload, filter_text, user)
         finally:
+            payload.close()
             self.pcap.close()
             directory.close()
             recorder.close()
@@ -772,7 +848,7 @@ class Daemon:
         self._stop_signal = signum
 
     def _loop(self, directory: CaptureDirectory, budget: DiskBudget, recorder: ProbeRecorder, ebpf_status: EbpfStatus,
-              filter_text: str | None, user: pwd.struct_passwd) -> CaptureResult:
+              payload: PayloadCut, filter_text: str | None, user: pwd.struct_passwd) -> CaptureResult:
         options = self.options
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, self._handle_signal)
@@ -785,8 +861,9 @@ class Daemon:
             "ebpf": {"enabled": ebpf_status.enabled, "reason": ebpf_status.reason, "notes": ebpf_status.notes,
                      "netns": ebpf_status.netns, "netns_filtered": ebpf_status.netns_filtered, "libraries": [],
                      "lost": {}},
+            "payload": payload.status(),
         })
-        state = _RunState(self, directory, budget, recorder, ebpf_status)
+        state = _RunState(self, directory, budget, recorder, ebpf_status, payload)
         try:
             state.open_pcap_file()
             if ebpf_status.enabled:
@@ -813,7 +890,7 @@ class _RunState:
     """The files of one run and the loop that fills them."""
 
     def __init__(self, daemon: Daemon, directory: CaptureDirectory, budget: DiskBudget, recorder: ProbeRecorder,
-                 ebpf_status: EbpfStatus) -> None:
+                 ebpf_status: EbpfStatus, payload: PayloadCut) -> None:
         self.daemon = daemon
         self.pcap = daemon.pcap
         self.options = daemon.options
@@ -821,6 +898,7 @@ class _RunState:
         self.budget = budget
         self.recorder = recorder
         self.ebpf_status = ebpf_status
+        self.payload = payload
         self.pcap_file: PcapFile | None = None
         self.pcap_entry: FileEntry | None = None
         self.pcap_index = 0
@@ -970,6 +1048,7 @@ class _RunState:
             run_ebpf["lost"] = lost
             self.probe_entry.dropped = sum(lost.values())
         run_ebpf["libraries"] = self.recorder.libraries
+        self.directory.run["payload"] = self.payload.status()
         self.directory.save()
 
     def loop(self, start_ns: int) -> _Stop:

@@ -37,7 +37,13 @@ PROBES_DIR = Path(__file__).resolve().parent / "probes"
 # One program, one compile, one ring buffer: the daemon reads every probe's events in one time-ordered
 # stream. The files are joined in this order (bcc only generates tracepoint argument structs for
 # TRACEPOINT_PROBEs of the main text, so they cannot be #included).
-PROGRAM_FILES = tuple(PROBES_DIR / name for name in ("common.h", "sock.c", "libs.c", "zmq.c", "nccl.c"))
+PROGRAM_FILES = tuple(PROBES_DIR / name for name in ("common.h", "sock.c", "libs.c", "zmq.c", "nccl.c", "zmtp_snap.c"))
+SNAP_FUNCTION = "zmtp_snap"       # the socket filter in probes/zmtp_snap.c: loaded only when the daemon cuts
+SNAP_MAX_FRAMES = 32              # ZMTP frames the filter parses per packet (a bounded loop)
+# Data frames up to this size keep their body in the capture (the first frame of a message always does):
+# at least what the decoders keep (decoders/zmtp.py DEFAULT_KEPT_BODY_BYTES; a test holds them together).
+SNAP_KEPT_BODY_BYTES = 64 * 1024
+SNAP_COUNTERS = ("cut_packets", "cut_bytes", "full_flows")   # snap_counts indices in probes/zmtp_snap.c
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 TRACEFS_MOUNTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 MODULES_DIR = Path("/lib/modules")
@@ -211,12 +217,19 @@ def netns_inode() -> int:
     return os.stat("/proc/self/ns/net").st_ino
 
 
-def probe_cflags(*, netns: int | None, offsets: dict[str, int]) -> list[str]:
-    """Compiler flags for probes/dlcsniff.c. Without BTF offsets the probes watch every namespace and
-    report thread names: the daemon says so."""
-    defines = {**layout_cflags(), **offsets, "RINGBUF_PAGES": RINGBUF_PAGES}
+def probe_cflags(*, netns: int | None, offsets: dict[str, int], link_header_bytes: int = 0,
+                 port_ranges: Iterable[tuple[int, int]] = ()) -> list[str]:
+    """Compiler flags for the program. Without BTF offsets the probes watch every namespace and report
+    thread names: the daemon says so. `link_header_bytes` and `port_ranges` (--ports: the snap filter
+    drops every other packet) are for the snap filter (probes/zmtp_snap.c)."""
+    defines: dict[str, object] = {
+        **layout_cflags(), **offsets, "RINGBUF_PAGES": RINGBUF_PAGES, "SNAP_LINK_HEADER_LEN": link_header_bytes,
+        "SNAP_KEPT_BODY_MAX": SNAP_KEPT_BODY_BYTES, "SNAP_MAX_FRAMES": SNAP_MAX_FRAMES}
     if netns is not None and offsets:
         defines["NETNS_INUM"] = netns
+    ranges = " || ".join(f"((port) >= {low} && (port) <= {high})" for low, high in port_ranges)
+    if ranges:
+        defines["SNAP_PORT_WANTED(port)"] = f"({ranges})"
     return [f"-D{name}={value}" for name, value in sorted(defines.items())]
 
 
@@ -298,7 +311,7 @@ def classify_library(symbols: set[str]) -> tuple[str, dict[str, tuple[str, str |
 class ProbeSession:
     """The compiled program with its tracepoints attached (bcc). Lives in the probe helper only."""
 
-    def __init__(self, cflags: list[str]) -> None:
+    def __init__(self, cflags: list[str], *, snap: bool = False) -> None:
         try:
             from bcc import BPF   # noqa: PLC0415 - the one bcc import, in the probe helper only
         except ImportError as exc:
@@ -309,6 +322,14 @@ class ProbeSession:
             raise EbpfUnavailable(f"BPF program did not load: {exc}") from None
         self.events_fd = self._bpf["events"].map_fd
         self.lost_fd = self._bpf["lost"].map_fd
+        self.snap_fds: list[int] = []      # the socket filter program and its counters (snap=True)
+        self.snap_error: str | None = None  # why the snap filter did not load (the probes still run)
+        if snap:
+            try:
+                program = self._bpf.load_func(SNAP_FUNCTION.encode(), BPF.SOCKET_FILTER)
+                self.snap_fds = [program.fd, self._bpf["snap_counts"].map_fd]
+            except Exception as exc:   # noqa: BLE001 - bcc raises bare Exception (the verifier's log)
+                self.snap_error = f"the snap filter did not load: {exc}"
         self._attached: dict[int, list[bytes]] = {}     # pid -> bcc uprobe events attached for it
 
     def attach_library(self, path: str, pid: int = -1) -> LibraryProbes | None:
@@ -384,6 +405,42 @@ def ring_records(data: memoryview, mask: int, position: list[int], producer: int
             yield data[start + _RINGBUF_HEADER_BYTES:start + _RINGBUF_HEADER_BYTES + size]
 
 
+def percpu_total(lib: ctypes.CDLL, map_fd: int, index: int) -> int:
+    """The sum over CPUs of a u64 per-CPU array slot (0 when the lookup fails)."""
+    values = (ctypes.c_uint64 * lib.libbpf_num_possible_cpus())()
+    key = ctypes.c_uint32(index)
+    return sum(values) if lib.bpf_map_lookup_elem(map_fd, ctypes.byref(key), values) == 0 else 0
+
+
+SO_ATTACH_BPF = 50
+
+
+class SnapFilter:
+    """The snap filter (probes/zmtp_snap.c) as the daemon holds it: the program's descriptor, to attach
+    to its own packet socket (no privilege needed), and its counters."""
+
+    def __init__(self, program_fd: int, counts_fd: int) -> None:
+        self._lib = _libbpf()
+        self.program_fd = program_fd
+        self.counts_fd = counts_fd
+
+    def attach(self, packet_socket_fd: int) -> None:
+        """Make the filter the packet socket's only filter (it replaces libpcap's, if any)."""
+        with socket.fromfd(packet_socket_fd, socket.AF_PACKET, socket.SOCK_RAW) as packet_socket:
+            try:
+                packet_socket.setsockopt(socket.SOL_SOCKET, SO_ATTACH_BPF, struct.pack("i", self.program_fd))
+            except OSError as exc:
+                raise EbpfUnavailable(f"cannot attach the snap filter: {exc.strerror}") from None
+
+    def counts(self) -> dict[str, int]:
+        """cut_packets, cut_bytes (bytes of packets not copied) and full_flows since the start."""
+        return {name: percpu_total(self._lib, self.counts_fd, index) for index, name in enumerate(SNAP_COUNTERS)}
+
+    def close(self) -> None:
+        for fd in (self.program_fd, self.counts_fd):
+            os.close(fd)
+
+
 class RingReader:
     """The probes' ring buffer and lost counters, read from map descriptors the helper handed over: the
     daemon never loads bcc and LLVM (a few hundred MB). The ring is mapped and walked here rather than
@@ -393,7 +450,6 @@ class RingReader:
     def __init__(self, events_fd: int, lost_fd: int) -> None:
         self._lib = _libbpf()
         self._lost_fd = lost_fd
-        self._cpus = self._lib.libbpf_num_possible_cpus()
         info = ctypes.create_string_buffer(_MAP_INFO_BYTES)
         length = ctypes.c_uint32(_MAP_INFO_BYTES)
         if self._lib.bpf_obj_get_info_by_fd(events_fd, info, ctypes.byref(length)) != 0:
@@ -421,15 +477,9 @@ class RingReader:
 
     def lost_counts(self) -> dict[str, int]:
         """Events dropped because the ring buffer was full, per kind name, since the start."""
-        counts = {}
-        values = (ctypes.c_uint64 * self._cpus)()
-        for kind in Kind:
-            if kind >= RINGBUF_KIND_COUNT:
-                continue
-            key = ctypes.c_uint32(int(kind))
-            if self._lib.bpf_map_lookup_elem(self._lost_fd, ctypes.byref(key), values) == 0 and sum(values):
-                counts[kind.name] = int(sum(values))
-        return counts
+        totals = ((kind.name, percpu_total(self._lib, self._lost_fd, int(kind))) for kind in Kind
+                  if kind < RINGBUF_KIND_COUNT)
+        return {name: total for name, total in totals if total}
 
     def close(self) -> None:
         if self._data is not None:
@@ -455,20 +505,21 @@ class ProbeHelper:
     Requests are (pid, path as that process named it); the helper resolves the path through
     /proc/<pid>/root (or cwd), inspects each distinct file once, and answers with what it attached."""
 
-    def __init__(self, cflags: list[str], libraries: Iterable[str] = (), close_in_child: Iterable[int] = ()) -> None:
+    def __init__(self, cflags: list[str], libraries: Iterable[str] = (), close_in_child: Iterable[int] = (),
+                 *, snap: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         pid = os.fork()
         if pid == 0:
             ours.close()
             for fd in close_in_child:
                 os.close(fd)
-            _helper_main(cflags, list(libraries), theirs)
+            _helper_main(cflags, list(libraries), theirs, snap)
         theirs.close()
         self.pid = pid
         self._socket = ours
         self._socket.settimeout(HELPER_START_TIMEOUT_S)
         try:
-            message, fds, _, _ = socket.recv_fds(self._socket, 1 << 16, 2)
+            message, fds, _, _ = socket.recv_fds(self._socket, 1 << 16, 4)
             hello = json.loads(message or b'{"error": "the probe helper exited"}')
         except (OSError, ValueError) as exc:
             self.close()
@@ -476,7 +527,10 @@ class ProbeHelper:
         if "error" in hello:
             self.close()
             raise (BadLibrary if hello.get("bad_library") else EbpfUnavailable)(hello["error"])
-        self.events_fd, self.lost_fd = fds
+        self.events_fd, self.lost_fd, *snap_fds = fds
+        # the snap filter (asked for with snap=True): its program and counters, or why it is missing
+        self.snap = SnapFilter(*snap_fds) if snap_fds else None
+        self.snap_error: str | None = hello.get("snap_error")
         self.libraries = [LibraryProbes(item["path"], item["library"], tuple(item["functions"]))
                           for item in hello["libraries"]]
         self._socket.settimeout(ATTACH_REPLY_TIMEOUT_S)
@@ -505,7 +559,7 @@ class ProbeHelper:
             time.sleep(0.01)
 
 
-def _helper_main(cflags: list[str], libraries: list[str], requests: socket.socket) -> None:
+def _helper_main(cflags: list[str], libraries: list[str], requests: socket.socket, snap: bool) -> None:
     """The helper child's whole life; never returns."""
     code = 0
     try:
@@ -514,7 +568,7 @@ def _helper_main(cflags: list[str], libraries: list[str], requests: socket.socke
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         attached = []
         try:
-            session = ProbeSession(cflags)
+            session = ProbeSession(cflags, snap=snap)
             for library in libraries:
                 found = session.attach_library(library)
                 if found is None:
@@ -526,7 +580,8 @@ def _helper_main(cflags: list[str], libraries: list[str], requests: socket.socke
             return
         # What the compiler held on to is garbage now: give it back (~80 MB).
         ctypes.CDLL(None).malloc_trim(0)
-        socket.send_fds(requests, [json.dumps({"libraries": attached}).encode()], [session.events_fd, session.lost_fd])
+        socket.send_fds(requests, [json.dumps({"libraries": attached, "snap_error": session.snap_error}).encode()],
+                        [session.events_fd, session.lost_fd, *session.snap_fds])
         probed = {(status.st_dev, status.st_ino, -1) for status in map(os.stat, libraries)}   # (file, pid)
         probeable: dict[tuple[int, int], bool] = {}       # file -> exports what the probes want
         while request := requests.recv(1 << 16):

@@ -1,7 +1,8 @@
 """Benchmarks of the capture daemon (root; `make bench` calls `run()`).
 
 - `mxnet_slowdown`: the same real MXNet job (scheduler, 2 servers, 2 workers in namespaces) with and
-  without a daemon per node, alternated, several runs; the ratio of the median training-loop times.
+  without a daemon per node, alternated, several runs; the ratio of the median training-loop times, for
+  a communication-bound MLP and for LeNet; beside it plain tcpdump and the daemon keeping every byte.
   Target: at most 1.03.
 - `capture_rate`: ps-lite-shaped traffic (pyzmq PUSH -> PULL, [meta, 1 MB data] messages, as ps-lite
   pushes) between two namespaces on a veth pair (MTU 1500, offloads off), rate-limited with tc tbf in
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -35,7 +37,9 @@ STEP_S = 4.0
 ZMQ_PORT = 7400
 BUFFER_MB = 64
 MXNET_RUNS = 3
-MXNET_BATCHES = 600
+# model -> batches: the communication-bound MLP (3 ms a batch) and LeNet (tens of ms a batch, 1.7 MB of
+# parameters pushed and pulled by each worker every batch)
+MXNET_JOBS = {"mlp": 600, "lenet": 150}
 SENDER = r"""
 import sys, time, zmq
 address, seconds = sys.argv[1], float(sys.argv[2])
@@ -180,25 +184,38 @@ def compare_capture_tools(rates_mbit=(1000, 2000, None)) -> dict:
     return capture_rate(("tcpdump", "dlcsniff --no-ebpf", "dlcsniff"), rates_mbit)["steps"]
 
 
-def mxnet_slowdown(runs: int = MXNET_RUNS, batches: int = MXNET_BATCHES) -> dict:
-    """Training-loop time without capture, with dlcsniff daemons (with and without probes), and with plain
-    tcpdump on every node (what any full-packet libpcap capture costs), alternated; `ratio` is the median
-    with daemons over the median without capture, `ratios` the same for every mode."""
+def _capture_bytes(directory: Path) -> int:
+    """Bytes of packet captures written under a job's directory (the daemons' and tcpdump's)."""
+    return sum(path.stat().st_size for path in directory.rglob("*.pcap"))
+
+
+def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) -> dict:
+    """Per model (batches): training-loop time without capture, with plain tcpdump on every node (what any
+    full-packet libpcap capture costs), with dlcsniff daemons keeping every byte (--no-ebpf, --full-payload)
+    and with the daemons as they run by default (probes, tensor values cut in the kernel), alternated run by
+    run; `ratios` are medians over the median without capture, `ratio` the default daemon's."""
     modes = {"none": (None, ()), "tcpdump": ("tcpdump", ()), "dlcsniff --no-ebpf": ("dlcsniff", ("--no-ebpf",)),
-             "dlcsniff": ("dlcsniff", ())}
-    times: dict[str, list[float]] = {mode: [] for mode in modes}
-    capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+             "dlcsniff --full-payload": ("dlcsniff", ("--full-payload",)), "dlcsniff": ("dlcsniff", ())}
+    results = {}
     with tempfile.TemporaryDirectory(prefix="dlcsniff-bench-") as scratch:
-        for index in range(runs):
-            for mode, (capture, daemon_args) in modes.items():
-                job = run_mxnet_job(Path(scratch) / f"{mode.replace(' ', '_')}{index}", WORKLOAD_PYTHON,
-                                    capture=capture, batches=batches, daemon_args=daemon_args)
-                times[mode].append(round(job.training_seconds(), 3))
-                capture_cpu[mode].append(round(job.capture_cpu_s, 2))
-    baseline = statistics.median(times["none"])
-    ratios = {mode: round(statistics.median(spans) / baseline, 4) for mode, spans in times.items()}
-    return {"ratio": ratios["dlcsniff"], "ratios": ratios, "training_seconds": times,
-            "capture_cpu_seconds": capture_cpu, "batches": batches, "runs": runs}
+        for model, batches in jobs.items():
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+            capture_mb: dict[str, list[float]] = {mode: [] for mode in modes}
+            for index in range(runs):
+                for mode, (capture, daemon_args) in modes.items():
+                    directory = Path(scratch) / f"{model}-{mode.replace(' ', '_')}{index}"
+                    job = run_mxnet_job(directory, WORKLOAD_PYTHON, capture=capture, batches=batches, model=model,
+                                        daemon_args=daemon_args)
+                    times[mode].append(round(job.training_seconds(), 3))
+                    capture_cpu[mode].append(round(job.capture_cpu_s, 2))
+                    capture_mb[mode].append(round(_capture_bytes(directory) / 1e6, 1))
+                    shutil.rmtree(directory)
+            baseline = statistics.median(times["none"])
+            ratios = {mode: round(statistics.median(spans) / baseline, 4) for mode, spans in times.items()}
+            results[model] = {"ratio": ratios["dlcsniff"], "ratios": ratios, "training_seconds": times,
+                              "capture_cpu_seconds": capture_cpu, "capture_mb": capture_mb, "batches": batches}
+    return {"ratio": max(result["ratio"] for result in results.values()), "runs": runs, "models": results}
 
 
 def run() -> dict:
