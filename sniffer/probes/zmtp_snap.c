@@ -13,16 +13,18 @@
 //   SNAP_MAX_FRAMES           frames parsed per packet; past it the flow is kept whole from then on
 //
 // Per TCP direction the filter follows the ZMTP 3.x framing by sequence number, from the SYN on. Whatever
-// it cannot follow (no SYN seen, not a ZMTP 3.x greeting, a gap where a frame header may be, a frame loop
-// past its bound, flags ZMTP does not define) keeps whole packets for that direction for good: the
-// decoders resynchronise on them. Packets at or before the followed position (retransmissions, late
-// packets) are kept whole.
+// it cannot follow (no SYN seen, not a ZMTP 3.x greeting, a gap where a frame header may be that does not
+// fill, a frame loop past its bound, flags ZMTP does not define) keeps whole packets for that direction for
+// good: the decoders resynchronise on them. Packets at or before the followed position (retransmissions,
+// late packets) are kept whole.
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/if_packet.h>
 
 #define SNAP_WHOLE 0xFFFFFFFFu
 #define SNAP_LOOPBACK_IFINDEX 1            // every namespace's lo (net/core/dev.c LOOPBACK_IFINDEX)
 #define ZMTP_GREETING_LEN 64
+#define SNAP_WAIT_MAX_BYTES (1u << 20)    // bytes kept whole while waiting for a hole to fill
+#define SNAP_LOCK_TRIES 4096               // attempts to take a flow another CPU holds
 #define ZMTP_FLAG_MORE 0x01
 #define ZMTP_FLAG_LONG 0x02                // ZMTP 3.x: LONG => 8-byte big-endian size, else 1 byte
 #define ZMTP_FLAG_COMMAND 0x04
@@ -46,7 +48,13 @@ struct snap_flow {
     u64 remaining_bytes;                   // SNAP_BODY_*: body bytes still to come
     u32 next_seq;                          // TCP sequence number of the next stream byte
     u32 stream_offset;                     // SNAP_GREETING: greeting bytes seen
+    u64 busy;                              // 1 while a CPU follows the flow (packets of one flow can be
+                                           // handled on two CPUs at once: the state has one writer at a time)
+    u32 hole_end;                          // waiting: where the packets kept whole after a hole begin...
+    u32 ahead_end;                         // ...and end
     u8 phase;
+    u8 waiting;                            // a hole that may hold a frame header is still open
+    u8 conflict;                           // a packet went by while another CPU held the flow
     u8 frame_index;                        // data frames of the current message before this one (max 255)
     u8 header_bytes;                       // SNAP_HEADER: bytes of a frame header that straddles packets
     u8 header[9];                          // flags, size (1 or 8 bytes)
@@ -172,6 +180,77 @@ static __always_inline u32 snap_payload(struct __sk_buff *skb, struct snap_flow 
     return snap_mark_full(flow);
 }
 
+// A flow waiting for the bytes of a hole [next_seq, hole_end) that may hold a frame header, the packets
+// seen after it (within [hole_end, ahead_end)) kept whole meanwhile, as are more of them (up to
+// SNAP_WAIT_MAX_BYTES). The late packets filling the hole from its start are followed (the framing is
+// known there) and cut; once it is filled, [hole_end, ahead_end) must lie inside a skipped body for the
+// flow to be followed on (its late packets are then retransmissions of followed bytes: kept whole), else
+// the flow keeps whole packets for good. A real loss never fills the hole: the wait ends at the bound.
+static __always_inline u32 snap_waiting(struct __sk_buff *skb, struct snap_flow *flow, u32 seq, u32 payload_at,
+                                        u32 end) {
+    u32 payload_bytes = end - payload_at;
+    if ((s32)(seq - flow->next_seq) > 0) {
+        // More bytes past the hole (several packets may be out of order): kept whole; the hole is what
+        // lies before the first of them.
+        if ((s32)(seq - flow->hole_end) < 0)
+            flow->hole_end = seq;
+        if ((s32)(seq + payload_bytes - flow->ahead_end) > 0)
+            flow->ahead_end = seq + payload_bytes;
+        if (flow->ahead_end - flow->hole_end > SNAP_WAIT_MAX_BYTES)
+            return snap_mark_full(flow);
+        return SNAP_WHOLE;
+    }
+    if ((s32)(seq + payload_bytes - flow->hole_end) > 0)
+        return snap_mark_full(flow);                 // the hole's bytes and more: not followed
+    u32 keep = snap_payload(skb, flow, payload_at, end, payload_at);
+    flow->next_seq = seq + payload_bytes;
+    if (flow->phase == SNAP_FULL || flow->next_seq != flow->hole_end)
+        return keep;                                 // (still waiting for the rest of the hole)
+    u32 passed = flow->ahead_end - flow->hole_end;
+    if (flow->phase != SNAP_BODY_SKIP || flow->remaining_bytes < passed) {
+        snap_mark_full(flow);
+        return keep;                                 // this packet's cut is right: the framing was known
+    }
+    flow->remaining_bytes -= passed;
+    if (flow->remaining_bytes == 0)
+        flow->phase = SNAP_HEADER;
+    flow->next_seq = flow->ahead_end;
+    flow->waiting = 0;
+    return keep;
+}
+
+// Follow one packet of a flow this CPU holds: how many of its bytes to keep.
+static __always_inline u32 snap_follow(struct __sk_buff *skb, struct snap_flow *flow, u32 seq, u32 payload_at,
+                                       u32 end) {
+    u32 payload_bytes = end - payload_at;
+    s32 ahead = (s32)(seq - flow->next_seq);
+    if ((s32)(seq + payload_bytes - flow->next_seq) <= 0)
+        return SNAP_WHOLE;                           // a retransmission of bytes already followed
+    if (flow->waiting)
+        return snap_waiting(skb, flow, seq, payload_at, end);
+    if (ahead > 0) {
+        // Bytes missing before this packet (lost, or still to come: packets of one flow reach the socket
+        // out of order when the sender moves between CPUs). Inside a skipped body they are values nobody
+        // reads: follow on from here, and keep the late packet whole when it comes (a "retransmission").
+        if (flow->phase == SNAP_BODY_SKIP && flow->remaining_bytes > (u64)ahead) {
+            flow->remaining_bytes -= ahead;
+            flow->next_seq = seq;
+            ahead = 0;
+        } else {
+            // A header may be among them: keep whole packets until they come (snap_waiting).
+            flow->waiting = 1;
+            flow->hole_end = seq;
+            flow->ahead_end = seq + payload_bytes;
+            return SNAP_WHOLE;
+        }
+    }
+    u32 keep = snap_payload(skb, flow, payload_at - ahead, end, payload_at);
+    flow->next_seq = seq + payload_bytes;
+    if (ahead < 0)                                   // partly retransmitted: keep the old bytes too
+        return SNAP_WHOLE;
+    return keep;
+}
+
 static __always_inline u32 snap_tcp(struct __sk_buff *skb, struct snap_flow_key *key, u32 tcp_at, u32 end) {
     u8 tcp[14];
     if (bpf_skb_load_bytes(skb, tcp_at, tcp, sizeof(tcp)))
@@ -205,24 +284,18 @@ static __always_inline u32 snap_tcp(struct __sk_buff *skb, struct snap_flow_key 
     }
     if (flow->phase == SNAP_FULL)
         return SNAP_WHOLE;
-    s32 ahead = (s32)(seq - flow->next_seq);
-    if (ahead > 0) {
-        // Bytes missing before this packet (lost, or still to come: packets of one flow reach the socket
-        // out of order when the sender moves between CPUs). Inside a skipped body they are values nobody
-        // reads: follow on from here, and keep the late packet whole when it comes (a "retransmission").
-        // Anywhere else a header may be among them: whole packets for good.
-        if (flow->phase != SNAP_BODY_SKIP || flow->remaining_bytes <= (u64)ahead)
-            return snap_mark_full(flow);
-        flow->remaining_bytes -= ahead;
-        flow->next_seq = seq;
-        ahead = 0;
+    // One CPU at a time: another one holds the flow for about a microsecond at most.
+    u32 tries = 0;
+    while (__sync_val_compare_and_swap(&flow->busy, 0, 1) != 0) {
+        if (++tries >= SNAP_LOCK_TRIES) {
+            flow->conflict = 1;            // this packet is kept whole: the state misses its bytes
+            return SNAP_WHOLE;
+        }
     }
-    if ((s32)(seq + payload_bytes - flow->next_seq) <= 0)
-        return SNAP_WHOLE;                           // a retransmission of bytes already followed
-    u32 keep = snap_payload(skb, flow, payload_at - ahead, end, payload_at);
-    flow->next_seq = seq + payload_bytes;
-    if (ahead < 0)                                   // partly retransmitted: keep the old bytes too
-        return SNAP_WHOLE;
+    u32 keep = flow->conflict ? snap_mark_full(flow) : snap_follow(skb, flow, seq, payload_at, end);
+    if (flow->conflict && flow->phase != SNAP_FULL)
+        snap_mark_full(flow);              // this packet's cut stands: the state was whole when it began
+    __sync_lock_test_and_set(&flow->busy, 0);
     return keep;
 }
 
