@@ -23,7 +23,7 @@
 #define SNAP_WHOLE 0xFFFFFFFFu
 #define SNAP_LOOPBACK_IFINDEX 1            // every namespace's lo (net/core/dev.c LOOPBACK_IFINDEX)
 #define ZMTP_GREETING_LEN 64
-#define SNAP_WAIT_MAX_BYTES (1u << 20)    // bytes kept whole while waiting for a hole to fill
+#define SNAP_WAIT_LIMIT (1u << 20)    // bytes kept whole while waiting for a hole to fill
 #define SNAP_LOCK_TRIES 4096               // attempts to take a flow another CPU holds
 #define ZMTP_FLAG_MORE 0x01
 #define ZMTP_FLAG_LONG 0x02                // ZMTP 3.x: LONG => 8-byte big-endian size, else 1 byte
@@ -182,7 +182,7 @@ static __always_inline u32 snap_payload(struct __sk_buff *skb, struct snap_flow 
 
 // A flow waiting for the bytes of a hole [next_seq, hole_end) that may hold a frame header, the packets
 // seen after it (within [hole_end, ahead_end)) kept whole meanwhile, as are more of them (up to
-// SNAP_WAIT_MAX_BYTES). The late packets filling the hole from its start are followed (the framing is
+// SNAP_WAIT_LIMIT). The late packets filling the hole from its start are followed (the framing is
 // known there) and cut; once it is filled, [hole_end, ahead_end) must lie inside a skipped body for the
 // flow to be followed on (its late packets are then retransmissions of followed bytes: kept whole), else
 // the flow keeps whole packets for good. A real loss never fills the hole: the wait ends at the bound.
@@ -196,7 +196,7 @@ static __always_inline u32 snap_waiting(struct __sk_buff *skb, struct snap_flow 
             flow->hole_end = seq;
         if ((s32)(seq + payload_bytes - flow->ahead_end) > 0)
             flow->ahead_end = seq + payload_bytes;
-        if (flow->ahead_end - flow->hole_end > SNAP_WAIT_MAX_BYTES)
+        if (flow->ahead_end - flow->hole_end > SNAP_WAIT_LIMIT)
             return snap_mark_full(flow);
         return SNAP_WHOLE;
     }
