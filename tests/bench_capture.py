@@ -4,12 +4,13 @@
   without a daemon per node, alternated, several runs; the ratio of the median training-loop times, for
   a communication-bound MLP and for LeNet; beside it plain tcpdump and the daemon keeping every byte.
   Target: at most 1.03.
-- `capture_rate`: ps-lite-shaped traffic (pyzmq PUSH -> PULL, [meta, 1 MB data] messages, as ps-lite
-  pushes) between two namespaces on a veth pair (MTU 1500, offloads off), rate-limited with tc tbf in
+- `capture_rate`: ps-lite-shaped traffic (pyzmq PUSH -> PULL, [meta, keys, 1 MB values, lens] messages,
+  as ps-lite pushes) between two namespaces on a veth pair (MTU 1500, offloads off), rate-limited with tc tbf in
   steps; a daemon on the receiver. Per step: the rate reached, kernel drops, the daemon's CPU and RSS
   (and its probe helper's). Reports the highest rate captured with zero drops (aim: >= 1 Gb/s, < 200 MB).
-- `compare_capture_tools`: the same steps captured by tcpdump (-B as the daemon's ring, -s 0) and by
-  the daemon without probes: drops and CPU of each, the measurement behind sniffer/daemon.py's choice.
+- `compare_capture_tools`: the same steps captured by tcpdump (-B as the daemon's ring, -s 0), by the
+  daemon without probes (whole packets) and by the daemon as it runs by default (probes, values cut in
+  the kernel): drops and CPU of each, the measurement behind sniffer/daemon.py's choice.
 
     .venv/bin/python -c "import json, tests.bench_capture as b; print(json.dumps(b.run(), indent=1))"
 """
@@ -36,7 +37,7 @@ RATES_MBIT = (250, 500, 1000, 2000, 3000, 5000)
 STEP_S = 4.0
 ZMQ_PORT = 7400
 BUFFER_MB = 64
-MXNET_RUNS = 3
+MXNET_RUNS = 5
 # model -> batches: the communication-bound MLP (3 ms a batch) and LeNet (tens of ms a batch, 1.7 MB of
 # parameters pushed and pulled by each worker every batch)
 MXNET_JOBS = {"mlp": 600, "lenet": 150}
@@ -47,10 +48,10 @@ context = zmq.Context()
 push = context.socket(zmq.PUSH)
 push.setsockopt(zmq.SNDHWM, 4)
 push.connect(address)
-meta, data = b"m" * 120, bytes(1 << 20)
+meta, keys, values, lens = b"m" * 120, bytes(8), bytes(1 << 20), bytes(4)
 end = time.monotonic() + seconds
 while time.monotonic() < end:
-    push.send_multipart([meta, data], copy=False)
+    push.send_multipart([meta, keys, values, lens], copy=False)
 push.close(linger=2000)
 context.term()     # the zero-copy frames must outlive libzmq's sending of them
 """
@@ -191,11 +192,15 @@ def _capture_bytes(directory: Path) -> int:
 
 def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) -> dict:
     """Per model (batches): training-loop time without capture, with plain tcpdump on every node (what any
-    full-packet libpcap capture costs), with dlcsniff daemons keeping every byte (--no-ebpf, --full-payload)
+    full-packet libpcap capture costs; with -s 96, what keeping only the headers of every packet costs: the
+    floor of any packet capture), with dlcsniff daemons keeping every byte (--no-ebpf, --full-payload)
     and with the daemons as they run by default (probes, tensor values cut in the kernel), alternated run by
     run; `ratios` are medians over the median without capture, `ratio` the default daemon's."""
-    modes = {"none": (None, ()), "tcpdump": ("tcpdump", ()), "dlcsniff --no-ebpf": ("dlcsniff", ("--no-ebpf",)),
-             "dlcsniff --full-payload": ("dlcsniff", ("--full-payload",)), "dlcsniff": ("dlcsniff", ())}
+    modes = {"none": {"capture": None}, "tcpdump": {"capture": "tcpdump"},
+             "tcpdump -s 96": {"capture": "tcpdump", "tcpdump_snaplen": 96},
+             "dlcsniff --no-ebpf": {"capture": "dlcsniff", "daemon_args": ("--no-ebpf",)},
+             "dlcsniff --full-payload": {"capture": "dlcsniff", "daemon_args": ("--full-payload",)},
+             "dlcsniff": {"capture": "dlcsniff"}}
     results = {}
     with tempfile.TemporaryDirectory(prefix="dlcsniff-bench-") as scratch:
         for model, batches in jobs.items():
@@ -203,10 +208,9 @@ def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) ->
             capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             capture_mb: dict[str, list[float]] = {mode: [] for mode in modes}
             for index in range(runs):
-                for mode, (capture, daemon_args) in modes.items():
+                for mode, options in modes.items():
                     directory = Path(scratch) / f"{model}-{mode.replace(' ', '_')}{index}"
-                    job = run_mxnet_job(directory, WORKLOAD_PYTHON, capture=capture, batches=batches, model=model,
-                                        daemon_args=daemon_args)
+                    job = run_mxnet_job(directory, WORKLOAD_PYTHON, batches=batches, model=model, **options)
                     times[mode].append(round(job.training_seconds(), 3))
                     capture_cpu[mode].append(round(job.capture_cpu_s, 2))
                     capture_mb[mode].append(round(_capture_bytes(directory) / 1e6, 1))

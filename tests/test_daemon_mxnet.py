@@ -87,7 +87,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None = "dlcsniff", batches: int = 10,
-                  model: str = "mlp", daemon_args: tuple[str, ...] = ()) -> JobRun:
+                  model: str = "mlp", daemon_args: tuple[str, ...] = (), tcpdump_snaplen: int = 0) -> JobRun:
     """Run the job in fresh namespaces with, on every node, a dlcsniff daemon (capture="dlcsniff"), a
     plain `tcpdump -i any -w` as a reference (capture="tcpdump") or nothing (None); stop them after."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None =
                     run.daemons[name] = RunningDaemon(["--iface", "any", "--out", str(out_dir / name), *daemon_args],
                                                       netns=netns)
                 elif capture == "tcpdump":
-                    run.captures.append(cluster.popen(name, ["tcpdump", "-i", "any", "-s", "0", "-B", "65536", "-n",
+                    run.captures.append(cluster.popen(name, ["tcpdump", "-i", "any", "-s", str(tcpdump_snaplen), "-B", "65536", "-n",
                                                              "-Z", "root", "-w", str(out_dir / f"{name}.pcap")],
                                                       stderr=subprocess.DEVNULL))
             for daemon in run.daemons.values():
