@@ -186,37 +186,32 @@ static __always_inline u32 snap_payload(struct __sk_buff *skb, struct snap_flow 
 // known there) and cut; once it is filled, [hole_end, ahead_end) must lie inside a skipped body for the
 // flow to be followed on (its late packets are then retransmissions of followed bytes: kept whole), else
 // the flow keeps whole packets for good. A real loss never fills the hole: the wait ends at the bound.
-static __always_inline u32 snap_waiting(struct __sk_buff *skb, struct snap_flow *flow, u32 seq, u32 payload_at,
-                                        u32 end) {
-    u32 payload_bytes = end - payload_at;
-    if ((s32)(seq - flow->next_seq) > 0) {
-        // More bytes past the hole (several packets may be out of order): kept whole; the hole is what
-        // lies before the first of them.
-        if ((s32)(seq - flow->hole_end) < 0)
-            flow->hole_end = seq;
-        if ((s32)(seq + payload_bytes - flow->ahead_end) > 0)
-            flow->ahead_end = seq + payload_bytes;
-        if (flow->ahead_end - flow->hole_end > SNAP_WAIT_LIMIT)
-            return snap_mark_full(flow);
-        return SNAP_WHOLE;
-    }
-    if ((s32)(seq + payload_bytes - flow->hole_end) > 0)
-        return snap_mark_full(flow);                 // the hole's bytes and more: not followed
-    u32 keep = snap_payload(skb, flow, payload_at, end, payload_at);
-    flow->next_seq = seq + payload_bytes;
+
+// A packet past the hole: kept whole; the hole is what lies before the first of them.
+static __always_inline u32 snap_wait_past_hole(struct snap_flow *flow, u32 seq, u32 payload_bytes) {
+    if ((s32)(seq - flow->hole_end) < 0)
+        flow->hole_end = seq;
+    if ((s32)(seq + payload_bytes - flow->ahead_end) > 0)
+        flow->ahead_end = seq + payload_bytes;
+    if (flow->ahead_end - flow->hole_end > SNAP_WAIT_LIMIT)
+        return snap_mark_full(flow);
+    return SNAP_WHOLE;
+}
+
+// After a packet of the hole was followed: once the hole is filled, on past what was kept whole.
+static __always_inline void snap_wait_filled(struct snap_flow *flow) {
     if (flow->phase == SNAP_FULL || flow->next_seq != flow->hole_end)
-        return keep;                                 // (still waiting for the rest of the hole)
+        return;                                      // (still waiting for the rest of the hole)
     u32 passed = flow->ahead_end - flow->hole_end;
     if (flow->phase != SNAP_BODY_SKIP || flow->remaining_bytes < passed) {
-        snap_mark_full(flow);
-        return keep;                                 // this packet's cut is right: the framing was known
+        snap_mark_full(flow);                        // the packet's own cut stands: its framing was known
+        return;
     }
     flow->remaining_bytes -= passed;
     if (flow->remaining_bytes == 0)
         flow->phase = SNAP_HEADER;
     flow->next_seq = flow->ahead_end;
     flow->waiting = 0;
-    return keep;
 }
 
 // Follow one packet of a flow this CPU holds: how many of its bytes to keep.
@@ -226,9 +221,9 @@ static __always_inline u32 snap_follow(struct __sk_buff *skb, struct snap_flow *
     s32 ahead = (s32)(seq - flow->next_seq);
     if ((s32)(seq + payload_bytes - flow->next_seq) <= 0)
         return SNAP_WHOLE;                           // a retransmission of bytes already followed
-    if (flow->waiting)
-        return snap_waiting(skb, flow, seq, payload_at, end);
     if (ahead > 0) {
+        if (flow->waiting)
+            return snap_wait_past_hole(flow, seq, payload_bytes);
         // Bytes missing before this packet (lost, or still to come: packets of one flow reach the socket
         // out of order when the sender moves between CPUs). Inside a skipped body they are values nobody
         // reads: follow on from here, and keep the late packet whole when it comes (a "retransmission").
@@ -237,15 +232,19 @@ static __always_inline u32 snap_follow(struct __sk_buff *skb, struct snap_flow *
             flow->next_seq = seq;
             ahead = 0;
         } else {
-            // A header may be among them: keep whole packets until they come (snap_waiting).
+            // A header may be among them: keep whole packets until they come.
             flow->waiting = 1;
             flow->hole_end = seq;
             flow->ahead_end = seq + payload_bytes;
             return SNAP_WHOLE;
         }
     }
+    if (flow->waiting && (s32)(seq + payload_bytes - flow->hole_end) > 0)
+        return snap_mark_full(flow);                 // the hole's bytes and more: not followed
     u32 keep = snap_payload(skb, flow, payload_at - ahead, end, payload_at);
     flow->next_seq = seq + payload_bytes;
+    if (flow->waiting)
+        snap_wait_filled(flow);
     if (ahead < 0)                                   // partly retransmitted: keep the old bytes too
         return SNAP_WHOLE;
     return keep;
