@@ -422,8 +422,9 @@ class _Batch:
             cum = np.zeros(len(packets) + 1, dtype=np.int64)
             np.cumsum(wire[packets], out=cum[1:])
             flow.cum, flow.cum_np = cum.tolist(), cum
-            np.cumsum(captured[packets], out=cum[1:])
-            flow.cum_captured = cum.tolist()
+            cum_captured = np.zeros(len(packets) + 1, dtype=np.int64)
+            np.cumsum(captured[packets], out=cum_captured[1:])
+            flow.cum_captured = cum_captured.tolist()
             f = flags[packets]
             slow = ~vectorised[packets] | (f & (SYN | FIN | RST) != 0)
             self_connection = flow.reverse == flow.number
