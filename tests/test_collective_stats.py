@@ -57,20 +57,22 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def gloo_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("gloo")
-    result = invoke("decode", PCAPS / "gloo", "--out", out)
+def decoded(tmp_path_factory, capture: str) -> Path:
+    """A bundled capture decoded by the CLI into a fresh directory."""
+    out = tmp_path_factory.mktemp(capture)
+    result = invoke("decode", PCAPS / capture, "--out", out)
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def gloo_dir(tmp_path_factory) -> Path:
+    return decoded(tmp_path_factory, "gloo")
 
 
 @pytest.fixture(scope="module")
 def mxnet_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("mxnet_sync")
-    result = invoke("decode", PCAPS / "mxnet_sync", "--out", out)
-    assert result.exit_code == 0, result.output
-    return out
+    return decoded(tmp_path_factory, "mxnet_sync")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -197,16 +198,20 @@ def test_the_cut_keeps_every_header_and_the_wire_lengths(captured):
     assert payload["full_flows"] >= 2
 
 
+def decode_zmtp(directory: Path, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`dlcsniff decode` of a daemon's directory: its streams and its ZMTP messages (commands left out)."""
+    done = subprocess.run([str(DLCSNIFF), "decode", str(directory), "--out", str(out)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    zmtp = pq.read_table(out / "zmtp.parquet").to_pandas()
+    return pq.read_table(out / "streams.parquet").to_pandas(), zmtp[zmtp["command"].isna()]
+
+
 def test_decode_of_the_cut_capture_gives_every_frame_size(captured, tmp_path):
     received, directories = captured
-    out = tmp_path / "decoded"
-    done = subprocess.run([str(DLCSNIFF), "decode", str(directories["cut"]), "--out", str(out), "--json"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    streams = pq.read_table(out / "streams.parquet").to_pandas()
-    zmtp = pq.read_table(out / "zmtp.parquet").to_pandas()
+    streams, messages = decode_zmtp(directories["cut"], tmp_path / "decoded")
     to_receiver = set(streams.loc[streams["dst_port"] == ZMQ_PORT, "flow_id"])
-    data = zmtp[zmtp["flow_id"].isin(to_receiver) & zmtp["command"].isna()]
+    data = messages[messages["flow_id"].isin(to_receiver)]
     assert [list(sizes) for sizes in data["frame_sizes"]] == received["zmq"]
     # Nothing was lost: the cut bytes are uncaptured on purpose, and every message stays whole.
     assert data["complete"].all()

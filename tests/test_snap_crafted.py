@@ -20,12 +20,12 @@ import subprocess
 from pathlib import Path
 
 import dpkt
-import pyarrow.parquet as pq
 import pytest
 
 from sniffer.netns import Cluster
 from tests.conftest import require_root
-from tests.test_daemon import DLCSNIFF, TOOL_PYTHON, RunningDaemon
+from tests.test_daemon import TOOL_PYTHON, RunningDaemon
+from tests.test_snap import decode_zmtp
 from tests.zmtp_tap import command, frame, greeting_v3
 
 pytestmark = pytest.mark.root
@@ -211,14 +211,9 @@ def test_large_values_are_cut_where_the_stream_can_be_followed(crafted):
 
 def test_decode_rebuilds_every_message_of_every_connection(crafted, tmp_path):
     *_, out = crafted
-    decoded = tmp_path / "decoded"
-    done = subprocess.run([str(DLCSNIFF), "decode", str(out), "--out", str(decoded)], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    streams = pq.read_table(decoded / "streams.parquet").to_pandas()
-    zmtp = pq.read_table(decoded / "zmtp.parquet").to_pandas()
+    streams, messages = decode_zmtp(out, tmp_path / "decoded")
     for name, source_port in SOURCE_PORTS.items():
         flows = set(streams.loc[(streams["src_port"] == source_port) & (streams["dst_port"] == PORT), "flow_id"])
-        data = zmtp[zmtp["flow_id"].isin(flows) & zmtp["command"].isna()]
+        data = messages[messages["flow_id"].isin(flows)]
         assert [list(sizes) for sizes in data["frame_sizes"]] == MESSAGES, name
         assert data["complete"].all(), name
