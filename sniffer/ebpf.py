@@ -40,7 +40,7 @@ PROBES_DIR = Path(__file__).resolve().parent / "probes"
 PROGRAM_FILES = tuple(PROBES_DIR / name for name in ("common.h", "sock.c", "libs.c", "zmq.c", "nccl.c", "zmtp_snap.c"))
 SNAP_FUNCTION = "zmtp_snap"       # the socket filter in probes/zmtp_snap.c: loaded only when the daemon cuts
 SNAP_MAX_FRAMES = 32              # ZMTP frames the filter parses per packet (a bounded loop)
-# Data frames up to this size keep their body in the capture (the first frame of a message always does):
+# Data frames up to this size keep their body in the capture (a message's first two frames always do):
 # at least what the decoders keep (decoders/zmtp.py DEFAULT_KEPT_BODY_BYTES; a test holds them together).
 SNAP_KEPT_BODY_BYTES = 64 * 1024
 SNAP_COUNTERS = ("cut_packets", "cut_bytes", "full_flows")   # snap_counts indices in probes/zmtp_snap.c

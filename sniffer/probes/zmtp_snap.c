@@ -8,7 +8,8 @@
 //
 // Compiled with the probes (one bcc compile, sniffer/ebpf.py) with these -D flags:
 //   SNAP_LINK_HEADER_LEN    bytes before the network header in what the socket sees (cooked: 0, Ethernet: 14)
-//   SNAP_KEPT_BODY_MAX      data frames up to this size keep their body (decoders/zmtp.py keep_small_bodies)
+//   SNAP_KEPT_BODY_MAX      data frames past the second of a message keep their body up to this size
+//                           (the rule of decoders/pslite.py keep_body)
 //   SNAP_PORT_WANTED(port)    (with --ports) true for the TCP ports to capture: other packets are dropped
 //   SNAP_MAX_FRAMES           frames parsed per packet; past it the flow is kept whole from then on
 //
