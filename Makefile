@@ -41,7 +41,7 @@ $(WVENV)/.installed:
 
 # Re-record the bundled captures from real jobs (root: network namespaces + tcpdump).
 pcaps: setup workloads
-	$(VENV)/bin/python -m sniffer.record all --out pcaps --workload-python $(WVENV)/bin/python
+	$(VENV)/bin/python -m lab.record all --out pcaps --workload-python $(WVENV)/bin/python
 
 run: setup
 	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run

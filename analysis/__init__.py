@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.collectives import CollectiveStats, collective_statistics, collective_statistics_of
-from analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
-from analysis.latency import JobStats, job_statistics
-from analysis.load import AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset
-from analysis.merge import JobView, job_view, load_job_view, write_job_view
-from analysis.operations import OPERATIONS, Trace, build_records
-from analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
+from dlcsniff.analysis.collective_stats import CollectiveStats, collective_statistics, collective_statistics_of
+from dlcsniff.analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
+from dlcsniff.analysis.latency import JobStats, job_statistics
+from dlcsniff.analysis.load import AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset
+from dlcsniff.decoders.timeline import JobView, job_view, load_job_view, write_job_view
+from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records
+from dlcsniff.analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
     "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
@@ -52,7 +52,7 @@ def write_statistics(decode_dir: str | Path, out_dir: str | Path) -> Stats:
 
 def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str | Path | None = None) -> Path:
     """`dlcsniff report`: one self-contained HTML file with the figures (and them as PNG files too)."""
-    from analysis.report import write_report     # matplotlib: loaded only by the command that draws
+    from dlcsniff.analysis.report import write_report     # matplotlib: loaded only by the command that draws
     trace = pslite_trace(load_dataset(decode_dir))
     stats = compute_stats(trace, source=str(decode_dir), collectives=collective_statistics_of(decode_dir))
     return write_report(trace, stats, path, figures_dir)

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from analysis.load import AnalysisError
-from analysis.operations import (
+from dlcsniff.analysis.load import AnalysisError
+from dlcsniff.analysis.operations import (
     CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_REQUEST,
     SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, group_starts, node_role_rank,
 )

@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.chakra_schema import AttributeProto, CollectiveCommType, GlobalMetadata, Node, NodeType, delimited
-from analysis.dlc import dlc_table
-from analysis.load import AnalysisError, Dataset, _read, load_dataset
-from analysis.operations import (
+from dlcsniff.analysis.chakra_schema import AttributeProto, CollectiveCommType, GlobalMetadata, Node, NodeType, delimited
+from dlcsniff.analysis.dlc import dlc_table
+from dlcsniff.analysis.load import AnalysisError, Dataset, _read, load_dataset
+from dlcsniff.analysis.operations import (
     CATEGORY_CONTROL, CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE,
     SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, build_records,
 )

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.iterations import worker_iterations
-from analysis.load import AnalysisError, Dataset, load_dataset
-from analysis.operations import Trace, build_records, dlc_ranks, node_names, vantage_points
-from decoders.pslite import CONTROL_CMD_NAMES
+from dlcsniff.analysis.iterations import worker_iterations
+from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset
+from dlcsniff.analysis.operations import Trace, build_records, dlc_ranks, node_names, vantage_points
+from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
 
 ITERATIONS_TID = 0
 IDENTITY = ("sender_id", "recver_id", "request", "push", "pull", "simple_app", "app_id", "customer_id",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.operations import (
+from dlcsniff.analysis.operations import (
     CATEGORY_DATA, ROLE_WORKER, SLOT_PULL_REQUEST, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Trace,
 )
 

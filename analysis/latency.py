@@ -43,10 +43,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.clocks import align
-from analysis.load import _read
-from analysis.merge import JobView, connection_names, load_job_view
-from analysis.summary import describe
+from dlcsniff.decoders.clocks import align
+from dlcsniff.analysis.load import _read
+from dlcsniff.decoders.timeline import JobView, connection_names, load_job_view
+from dlcsniff.analysis.summary import describe
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
                 "unsplit_ns")

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.clocks import CLOCK_COLUMNS, align
+from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
 
 
 class AnalysisError(Exception):

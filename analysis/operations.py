@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.load import AnalysisError, Dataset
-from decoders.pslite import CONTROL_CMD_NAMES
+from dlcsniff.analysis.load import AnalysisError, Dataset
+from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
 
 SCHEDULER_ID = 1                   # ps-lite: scheduler 1, server rank r = 8 + 2r, worker rank r = 9 + 2r
 ROLE_UNKNOWN, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER = range(4)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.operations import (
+from dlcsniff.analysis.operations import (
     CATEGORY_DATA, ROLE_SERVER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.operations import (
+from dlcsniff.analysis.operations import (
     CATEGORY_CONTROL, CATEGORY_DATA, DLC_OPERATIONS, INIT_ITERATION, LONG_OPERATIONS, ROLE_WORKER,
     SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Trace, node_names,
 )

@@ -18,14 +18,14 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from analysis.collectives import (
+from dlcsniff.analysis.collective_stats import (
     KIND_TABLE_HEADER, SEND_RECV, CollectiveStats, collective_headline, collective_kind_rows, volume_matrix,
 )
-from analysis.load import AnalysisError
-from analysis.operations import (
+from dlcsniff.analysis.load import AnalysisError
+from dlcsniff.analysis.operations import (
     CATEGORY_DATA, DLC_OPERATIONS, LONG_OPERATIONS, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Trace,
 )
-from analysis.summary import ITERATION_STATISTICS, KEY_STATISTICS, Stats, headline, human_bytes
+from dlcsniff.analysis.summary import ITERATION_STATISTICS, KEY_STATISTICS, Stats, headline, human_bytes
 
 CDF_POINTS = 512                  # quantiles drawn per operation: enough for a smooth curve at any size
 MAX_TIMELINE_WORKERS = 8

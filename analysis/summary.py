@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.iterations import worker_iterations
-from analysis.load import AnalysisError
-from analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
-from analysis.overheads import key_overheads
-from analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
+from dlcsniff.analysis.iterations import worker_iterations
+from dlcsniff.analysis.load import AnalysisError
+from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
+from dlcsniff.analysis.overheads import key_overheads
+from dlcsniff.analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
 
 if TYPE_CHECKING:
-    from analysis.collectives import CollectiveStats
-    from analysis.latency import JobStats
+    from dlcsniff.analysis.collective_stats import CollectiveStats
+    from dlcsniff.analysis.latency import JobStats
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",

@@ -16,7 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass, fields
 
-from decoders.errors import DecodeError
+from dlcsniff.decoders.errors import DecodeError
 
 # TCP flag bits (RFC 9293)
 FIN = 0x01

@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from decoders import byteps, mxnet, pslite
-from decoders.capture import CaptureError, Packet, open_capture
-from decoders.gloo import GlooCaptureDecoder
-from decoders.nccl_socket import NcclSocketCaptureDecoder
-from decoders.roce import RoceCaptureDecoder
-from decoders.errors import DecodeError
-from decoders.fastpath import BatchDecoder
-from decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
-from decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
-from decoders.zmtp import (NEED_DATA, UNLIMITED_SKIP_BYTES, Command, DecodeFailed, Greeting, Message, Resync,
+from dlcsniff.decoders.tensors import byteps
+from dlcsniff.decoders.tensors import mxnet
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.inputs.capture_file import CaptureError, Packet, open_capture
+from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
+from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.tcp_driver import BatchDecoder
+from dlcsniff.decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
+from dlcsniff.decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
+from dlcsniff.decoders.protocols.zmtp import (NEED_DATA, UNLIMITED_SKIP_BYTES, Command, DecodeFailed, Greeting, Message, Resync,
                            ZmtpDecoder)
 
 if TYPE_CHECKING:
@@ -73,7 +75,7 @@ class CaptureInput:
 def expand_inputs(inputs: Iterable[Path]) -> list[CaptureInput]:
     """Files as given; a capture daemon's directory (capture.json) stands for its captures, one per daemon
     run, named after the directory; any other directory for the capture files directly inside it."""
-    from decoders.probes import is_capture_dir, load_capture_dir
+    from dlcsniff.decoders.inputs.daemon_dir import is_capture_dir, load_capture_dir
 
     captures: list[CaptureInput] = []
     for item in inputs:
@@ -659,7 +661,7 @@ def _mark_router_sides(streams: dict[str, list], endpoints: dict) -> None:
 
 def build_dataset(results: list[CaptureResult]) -> Dataset:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
-    from decoders.dataset import MESSAGES_SCHEMA, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
 
     streams = _concat(results, "streams")
     zmtp = _concat(results, "zmtp")
@@ -779,7 +781,7 @@ def with_processes(dataset: Dataset, captures: list[CaptureInput]) -> Dataset:
     handed each message (decoders.processes)."""
     if all(c.directory is None for c in captures):
         return dataset
-    from decoders.processes import join_processes
+    from dlcsniff.decoders.processes import join_processes
     return join_processes(dataset, captures)
 
 
@@ -877,7 +879,7 @@ def _decode_forked(jobs: list[tuple[Path, int]], sizes: list[int], workers: int,
         # Forked first: the progress bar's thread and these imports happen while the workers decode.
         progress = progress_total(sum(sizes)) if progress_total else None
         import pandas  # noqa: F401  (building the summary needs it: load it while waiting)
-        from decoders import dataset  # noqa: F401
+        from dlcsniff.decoders import schema as dataset  # noqa: F401
         while running:
             for key, _ in selector.select():
                 index = key.data

@@ -32,7 +32,7 @@ def join_processes(dataset, captures):
     import pandas as pd
     import pyarrow as pa
 
-    from decoders.probes import load_capture_dir, zmq_messages
+    from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
 
     directory_of = {c.name: c.directory for c in captures if c.directory is not None}
     loaded = {d: load_capture_dir(d) for d in sorted(set(directory_of.values()))}

@@ -24,7 +24,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Literal
 
-from decoders.packet import ACK, FIN, RST, SYN, Segment
+from dlcsniff.decoders.packet import ACK, FIN, RST, SYN, Segment
 
 SEQ_MODULUS = 1 << 32
 _SEQ_MASK = SEQ_MODULUS - 1

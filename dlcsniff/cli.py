@@ -75,9 +75,9 @@ def decode(
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
     dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
     """
-    from decoders.capture import CaptureError
-    from decoders.dask_engine import ClusterError, decode_paths_dask
-    from decoders.pipeline import decode_paths
+    from dlcsniff.decoders.inputs.capture_file import CaptureError
+    from dlcsniff.decoders.dask_decode import ClusterError, decode_paths_dask
+    from dlcsniff.decoders.pipeline import decode_paths
 
     _check_engine(engine, scheduler)
 
@@ -106,12 +106,12 @@ def decode(
     finally:
         if bar is not None:
             bar.stop()
-    from decoders.dataset import write_dataset    # pyarrow: loaded while the decoding workers ran
+    from dlcsniff.decoders.schema import write_dataset    # pyarrow: loaded while the decoding workers ran
     try:
         write_dataset(dataset.tables, out_dir)
     except OSError as exc:
         _fail(f"cannot write to {out_dir}: {exc.strerror or exc}")
-    from analysis import AnalysisError, write_job_view
+    from dlcsniff.analysis import AnalysisError, write_job_view
     try:
         # One timeline for the job: a message seen at both ends becomes one event (events.parquet), and
         # every capture's clock is aligned to a reference capture (clocks.parquet).
@@ -201,7 +201,7 @@ def dlc(
 
     Example: dlcsniff dlc out/mxnet_sync --out out/mxnet_sync/dlc
     """
-    from analysis import AnalysisError, write_dlc_traces
+    from dlcsniff.analysis import AnalysisError, write_dlc_traces
 
     try:
         with err.status("building the DLC traces"):
@@ -237,10 +237,10 @@ def stats(
     and summary.json. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
     dlcsniff stats out/gloo --out out/gloo/stats; dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
     """
-    from analysis import AnalysisError, headline, summary_json, write_statistics
-    from analysis.collectives import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
-    from analysis.dask_engine import write_statistics_dask
-    from decoders.dask_engine import ClusterError
+    from dlcsniff.analysis import AnalysisError, headline, summary_json, write_statistics
+    from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
+    from dlcsniff.analysis.dask_stats import write_statistics_dask
+    from dlcsniff.decoders.dask_decode import ClusterError
 
     _check_engine(engine, scheduler)
     if workers is not None and engine != "dask":
@@ -300,7 +300,7 @@ def report(
 
     Example: dlcsniff report out/mxnet_sync --out out/mxnet_sync/report.html
     """
-    from analysis import AnalysisError, write_html_report
+    from dlcsniff.analysis import AnalysisError, write_html_report
 
     try:
         with err.status("drawing the report"):
@@ -339,7 +339,7 @@ def capture(
 
     Example: dlcsniff capture --iface eth0 --out /var/lib/dlcsniff/job1 --ports 9000-9300 --max-disk-mb 20000
     """
-    from sniffer.daemon import CaptureError, CaptureOptions, print_bpf_program, run_capture
+    from dlcsniff.sniffer.daemon import CaptureError, CaptureOptions, print_bpf_program, run_capture
 
     if print_bpf:
         print(print_bpf_program())
@@ -378,9 +378,9 @@ def export(
     Examples: dlcsniff export out/mxnet_sync --format chrome --out out/mxnet_sync/trace.json;
     dlcsniff export out/mxnet_sync --format chakra --out out/mxnet_sync/chakra
     """
-    from analysis import AnalysisError
-    from analysis.export_chakra import write_chakra_traces
-    from analysis.export_chrome import write_chrome_trace
+    from dlcsniff.analysis import AnalysisError
+    from dlcsniff.analysis.export_chakra import write_chakra_traces
+    from dlcsniff.analysis.export_chrome import write_chrome_trace
 
     try:
         with err.status(f"writing the {export_format} export"):

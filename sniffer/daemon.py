@@ -59,8 +59,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sniffer import ebpf, events, procnet
-from sniffer.events import Kind
+from dlcsniff.sniffer import ebpf
+from dlcsniff.decoders.formats import probe_events as events
+from dlcsniff.sniffer import procnet
+from dlcsniff.decoders.formats.probe_events import Kind
 
 FORMAT = "dlcsniff-capture/1"
 CAPTURE_JSON = "capture.json"

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sniffer import procnet
-from sniffer.events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
+from dlcsniff.sniffer import procnet
+from dlcsniff.decoders.formats.probe_events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
 # One program, one compile, one ring buffer: the daemon reads every probe's events in one time-ordered

@@ -71,7 +71,7 @@ def bench_capture(batches: int) -> Path:
     if job_dir.exists():
         shutil.rmtree(job_dir)
     # wide_mlp: a 10000 × 128 float32 weight (5.12 MB), split across both servers by MXNet's big-array rule.
-    subprocess.run([str(VENV_BIN / "python"), "-m", "sniffer.record", "mxnet", "--job", name,
+    subprocess.run([str(VENV_BIN / "python"), "-m", "lab.record", "mxnet", "--job", name,
                     "--model", "wide_mlp", "--kvstore", "dist_sync", "--batches", str(batches),
                     "--out", str(OUT), "--workload-python", str(WORKLOAD_PYTHON), "--timeout", "600"],
                    check=True, cwd=REPO)
@@ -82,7 +82,7 @@ def bench_capture(batches: int) -> Path:
 
 
 def count_packets(pcap: Path) -> int:
-    from decoders.capture import open_capture
+    from dlcsniff.decoders.inputs.capture_file import open_capture
     with open_capture(pcap) as reader:
         for _ in reader:
             pass

@@ -139,9 +139,9 @@ def bench_job(messages: int = BENCH_MESSAGES) -> SyntheticJob:
 
 def run() -> dict:
     """Time the statistics over ~10 million synthetic messages (the decoded tables are built untimed)."""
-    from analysis.load import Dataset
-    from analysis.operations import build_records
-    from analysis.summary import compute_stats
+    from dlcsniff.analysis.load import Dataset
+    from dlcsniff.analysis.operations import build_records
+    from dlcsniff.analysis.summary import compute_stats
 
     job = bench_job()
     messages = synthetic_messages(job)

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from sniffer.netns import Cluster
+from lab.netns import Cluster
 from tests.conftest import WORKLOAD_PYTHON
 from tests.test_daemon import TOOL_PYTHON, RunningDaemon
 from tests.test_daemon_mxnet import child_pids, cpu_seconds, run_mxnet_job

@@ -30,7 +30,7 @@ def job_captures() -> list[Path]:
     if job_dir.exists():
         shutil.rmtree(job_dir)
     OUT.mkdir(exist_ok=True)
-    subprocess.run([str(VENV_BIN / "python"), "-m", "sniffer.record", "mxnet", "--job", JOB, "--model", "wide_mlp",
+    subprocess.run([str(VENV_BIN / "python"), "-m", "lab.record", "mxnet", "--job", JOB, "--model", "wide_mlp",
                     "--kvstore", "dist_sync", "--servers", str(SERVERS), "--workers", str(WORKERS),
                     "--batches", str(BATCHES), "--out", str(OUT), "--workload-python", str(WORKLOAD_PYTHON),
                     "--timeout", "300"], check=True, cwd=REPO)
@@ -51,8 +51,8 @@ def best_seconds(decode) -> tuple[float, dict]:
 
 
 def run() -> dict:
-    from decoders.dask_engine import dask_client, decode_paths_dask
-    from decoders.pipeline import decode_paths
+    from dlcsniff.decoders.dask_decode import dask_client, decode_paths_dask
+    from dlcsniff.decoders.pipeline import decode_paths
 
     captures = job_captures()
     cores = len(os.sched_getaffinity(0))

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import dpkt
 
-from decoders.capture import open_capture
-from decoders.fastpath import BatchDecoder
-from decoders.packet import LINKTYPE_ETHERNET, ParseStats, Segment, parse_packet
-from decoders.tcp import TcpReassembler
-from decoders.zmtp import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.tcp_driver import BatchDecoder
+from dlcsniff.decoders.packet import LINKTYPE_ETHERNET, ParseStats, Segment, parse_packet
+from dlcsniff.decoders.tcp import TcpReassembler
+from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
 
 BENCH_DIR = Path("/tmp/dlcsniff-bench")
 NETNS = f"dlcs-bench-{os.getpid()}"

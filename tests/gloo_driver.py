@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from decoders.capture import open_capture
-from decoders.packet import Segment, parse_packet
-from decoders.rows import CaptureRows
-from decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.packet import Segment, parse_packet
+from dlcsniff.decoders.protocols.base import CaptureRows
+from dlcsniff.decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
 
 CLAIM_PREFIX_BYTES = 64
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import DLC_HEADER, build_records, read_dlc, write_dlc
-from analysis.load import NODE_COLUMNS, Dataset
+from dlcsniff.analysis import DLC_HEADER, build_records, read_dlc, write_dlc
+from dlcsniff.analysis.load import NODE_COLUMNS, Dataset
 from tests.bench_analysis import SyntheticJob, synthetic_messages
 from tests.test_analysis_records import S0, S1, W0, W1, dataset, exchange
 

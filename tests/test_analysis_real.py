@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from analysis import DLC_HEADER, build_records, compute_stats, load_dataset, read_dlc, write_dlc
-from analysis.iterations import ITERATION_COLUMNS
-from analysis.overheads import KEY_COLUMNS
-from decoders.dataset import write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.analysis import DLC_HEADER, build_records, compute_stats, load_dataset, read_dlc, write_dlc
+from dlcsniff.analysis.iterations import ITERATION_COLUMNS
+from dlcsniff.analysis.overheads import KEY_COLUMNS
+from dlcsniff.decoders.schema import write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
 from tests.groundtruth import load_job

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compute_stats, summary_json
-from analysis.iterations import ITERATION_COLUMNS
-from analysis.load import NODE_COLUMNS, Dataset
-from analysis.operations import build_records
-from analysis.overheads import KEY_COLUMNS
-from analysis.summary import describe
+from dlcsniff.analysis import compute_stats, summary_json
+from dlcsniff.analysis.iterations import ITERATION_COLUMNS
+from dlcsniff.analysis.load import NODE_COLUMNS, Dataset
+from dlcsniff.analysis.operations import build_records
+from dlcsniff.analysis.overheads import KEY_COLUMNS
+from dlcsniff.analysis.summary import describe
 from tests.bench_analysis import SyntheticJob, synthetic_messages
 
 JOBS = {

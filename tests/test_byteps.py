@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoders import byteps, pslite
-from decoders.errors import DecodeError
+from dlcsniff.decoders.tensors import byteps
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.errors import DecodeError
 
 UPSTREAM_METAS = {
     (112, 552): {

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
-from decoders.dataset import TABLES
+from dlcsniff.decoders.schema import TABLES
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.clocks import CLOCK_COLUMNS, align, estimate_clocks, pair_clocks
-from analysis import load_dataset, load_job_view, write_job_view
-from decoders.dataset import write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align, estimate_clocks, pair_clocks
+from dlcsniff.analysis import load_dataset, load_job_view, write_job_view
+from dlcsniff.decoders.schema import write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from tests.conftest import PCAPS, require_tool
 from tests.groundtruth import load_job
 

@@ -24,13 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from analysis import collective_statistics, collective_statistics_of, load_collectives
-from analysis.collectives import (
+from dlcsniff.analysis import collective_statistics, collective_statistics_of, load_collectives
+from dlcsniff.analysis.collective_stats import (
     OPERATION_COLUMNS, RANK_COLUMNS, SEND_RECV, bus_factor, collective_traffic, communication_overlap, concurrency,
     volume_matrix,
 )
-from analysis.load import CollectiveDataset
-from analysis.summary import compute_stats, summary_json
+from dlcsniff.analysis.load import CollectiveDataset
+from dlcsniff.analysis.summary import compute_stats, summary_json
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
 

@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from decoders.collectives import COLUMNS, collectives_from_messages
-from decoders.gloo import GlooCaptureDecoder
+from dlcsniff.decoders.collective_ops import COLUMNS, collectives_from_messages
+from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
 from tests.conftest import PCAPS
 from tests.gloo_driver import run_capture_decoder
 

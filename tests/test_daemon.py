@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from decoders.capture import open_capture
-from decoders.probes import load_capture_dir
-from sniffer import events as ev
-from sniffer.daemon import FORMAT, CaptureError, DiskBudget, capture_filter, parse_ports
-from sniffer.netns import Cluster
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir
+from dlcsniff.decoders.formats import probe_events as ev
+from dlcsniff.sniffer.daemon import FORMAT, CaptureError, DiskBudget, capture_filter, parse_ports
+from lab.netns import Cluster
 from tests.conftest import REPO, require_root, require_tool
 
 pytestmark = pytest.mark.root
@@ -405,7 +405,7 @@ def test_without_kernel_headers_it_says_so_once_and_captures_packets(node, tmp_p
 
 
 def test_print_bpf_shows_the_program_and_flags_used_here():
-    from sniffer import ebpf
+    from dlcsniff.sniffer import ebpf
 
     done = subprocess.run([str(DLCSNIFF), "capture", "--print-bpf"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

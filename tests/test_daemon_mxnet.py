@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from decoders.pipeline import decode_paths
-from decoders.probes import load_capture_dir, zmq_messages
-from sniffer.netns import Cluster
-from sniffer.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR, _pslite_node_id
+from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
+from lab.netns import Cluster
+from lab.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR, _pslite_node_id
 from tests.conftest import require_root, require_workloads
 from tests.groundtruth import load_job
 from tests.test_daemon import RunningDaemon

@@ -12,8 +12,8 @@ import collections
 import pandas as pd
 import pytest
 
-from decoders import pslite
-from decoders.pipeline import decode_paths
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.pipeline import decode_paths
 from tests.conftest import PCAPS
 from tests.groundtruth import load_job
 

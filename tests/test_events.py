@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoders.errors import DecodeError
-from sniffer import ebpf
-from sniffer import events as ev
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.sniffer import ebpf
+from dlcsniff.decoders.formats import probe_events as ev
 
 PROBES_DIR = Path(__file__).resolve().parent.parent / "sniffer" / "probes"
 WORKLOAD_PID = 1622

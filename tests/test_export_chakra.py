@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from analysis import build_records, load_dataset
-from analysis.export_chakra import write_chakra_traces
-from analysis.iterations import worker_iterations
-from decoders.dataset import table_from_columns, write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.analysis import build_records, load_dataset
+from dlcsniff.analysis.export_chakra import write_chakra_traces
+from dlcsniff.analysis.iterations import worker_iterations
+from dlcsniff.decoders.schema import table_from_columns, write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
 from tests.groundtruth import load_job

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from decoders.dataset import write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.decoders.schema import write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
 from tests.groundtruth import load_job

@@ -19,13 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoders import capture, fastpath
-from decoders.capture import CaptureError, open_capture
-from decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2,
+from dlcsniff.decoders.inputs import capture_file as capture
+from dlcsniff.decoders import tcp_driver as fastpath
+from dlcsniff.decoders.inputs.capture_file import CaptureError, open_capture
+from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2,
                              LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, ParseStats)
-from decoders.pipeline import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_capture, decode_paths
-from decoders.tcp import StreamData, StreamGap, TcpReassembler, TcpStream
-from decoders.zmtp import UNLIMITED_SKIP_BYTES, ZmtpDecoder
+from dlcsniff.decoders.pipeline import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_capture, decode_paths
+from dlcsniff.decoders.tcp import StreamData, StreamGap, TcpReassembler, TcpStream
+from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES, ZmtpDecoder
 from tests.conftest import PCAPS
 from tests.zmtp_tap import Gap, command, drain, frame, greeting_v3, message, random_chunks
 

@@ -1,6 +1,6 @@
 """Gloo over TCP and PyTorch's TCPStore rendezvous: hand-built bytes, the real job's captures, damage, fuzz.
 
-The real job (pcaps/gloo, recorded by `python -m sniffer.record gloo`): four torch 2.13 ranks, each in
+The real job (pcaps/gloo, recorded by `python -m lab.record gloo`): four torch 2.13 ranks, each in
 its own network namespace, each writing its own record of every operation, including the Gloo work items
 PyTorch's profiler saw it run and their tags (sniffer/workloads/gloo_job.py). Every capture is decoded
 once per module through tests/gloo_driver.py (the capture reader, the TCP reassembler, claim/on_data).
@@ -21,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoders import tcpstore
-from decoders.capture import open_capture
-from decoders.errors import DecodeError
-from decoders.gloo import (P2P, GlooCaptureDecoder, GlooMessage, GlooStreamDecoder, Opcode, PairConnect, Resync,
+from dlcsniff.decoders.protocols import tcpstore
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.gloo import (P2P, GlooCaptureDecoder, GlooMessage, GlooStreamDecoder, Opcode, PairConnect, Resync,
                            Slot, parse_preamble, parse_rank_record, parse_slot, split_rank_key)
-from decoders.packet import Segment, ip_to_str, parse_packet
-from decoders.tcp import StreamData, StreamStarted, TcpReassembler
+from dlcsniff.decoders.packet import Segment, ip_to_str, parse_packet
+from dlcsniff.decoders.tcp import StreamData, StreamStarted, TcpReassembler
 from tests.conftest import PCAPS
 from tests.gloo_driver import run_capture_decoder
 

@@ -15,7 +15,7 @@ import dpkt.sll2
 import pandas as pd
 import pytest
 
-from sniffer import record
+from lab import record
 from tests.groundtruth import KEMPTY, load_job, parse_pslite_log
 
 REPO = Path(__file__).resolve().parent.parent

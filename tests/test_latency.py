@@ -11,13 +11,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analysis import write_statistics
-from analysis.latency import (
+from dlcsniff.analysis import write_statistics
+from dlcsniff.analysis.latency import (
     CONNECTION_COLUMNS, IN_FLIGHT_COLUMNS, PART_COLUMNS, REQUEST_COLUMNS, job_statistics, key_updates,
     request_latency, requests_in_flight, update_skew,
 )
-from decoders.dataset import write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.decoders.schema import write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from tests.conftest import PCAPS, require_tool
 from tests.groundtruth import load_job
 

@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisError, write_job_view
-from analysis.clocks import CLOCK_COLUMNS
-from analysis.merge import EVENT_COLUMNS, job_view, load_job_view
-from decoders import pslite
-from decoders.dataset import write_dataset
-from decoders.pipeline import decode_paths
+from dlcsniff.analysis import AnalysisError, write_job_view
+from dlcsniff.decoders.clocks import CLOCK_COLUMNS
+from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view, load_job_view
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.schema import write_dataset
+from dlcsniff.decoders.pipeline import decode_paths
 from tests.conftest import PCAPS
 from tests.groundtruth import KEMPTY, load_job
 

@@ -23,8 +23,9 @@ import dpkt
 import numpy as np
 import pytest
 
-from decoders import mxnet, pslite
-from decoders.errors import DecodeError
+from dlcsniff.decoders.tensors import mxnet
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.errors import DecodeError
 from tests.conftest import require_root, require_tool, require_workloads
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from decoders.nccl_socket import IDLE_GAP_NS, NcclSocketCaptureDecoder, collectives_from_transfers
-from decoders.pipeline import decode_paths
-from decoders.roce import RoceCaptureDecoder
+from dlcsniff.decoders.protocols.nccl_socket import IDLE_GAP_NS, NcclSocketCaptureDecoder, collectives_from_transfers
+from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
 from tests.nccl_coll_gen import RingCapture, ring_capture, roce_ring_capture, split
 from tests.nccl_driver import run_decoders
 

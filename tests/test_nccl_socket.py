@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoders.nccl_socket import NcclSocketCaptureDecoder, line_protocol, task_sizes
+from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder, line_protocol, task_sizes
 from tests.nccl_driver import run_decoder
 from tests.nccl_gen import (ERA_HANDSHAKE, ERA_INLINE, ERA_NO_HANDSHAKE, ERAS, NCCL_SOCKET_MAGIC, NcclSender,
                             TcpCapture, ll128_buffer, ll_buffer, net_socket_capture)

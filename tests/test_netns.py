@@ -10,7 +10,7 @@ import sys
 import dpkt
 import pytest
 
-from sniffer.netns import TEST_NETWORK, Cluster, NetnsError, netns_names
+from lab.netns import TEST_NETWORK, Cluster, NetnsError, netns_names
 
 pytestmark = pytest.mark.root
 

@@ -15,9 +15,9 @@ from scapy.layers.inet6 import (ICMPv6EchoRequest, IPv6, IPv6ExtHdrDestOpt, IPv6
 from scapy.layers.l2 import ARP, CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether, Loopback
 from scapy.packet import Raw
 
-from decoders.capture import open_capture
-from decoders.errors import DecodeError
-from decoders.packet import (ACK, FIN, PSH, RST, SUPPORTED_LINKTYPES, SYN, URG, Datagram, ParseStats, Segment,
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.packet import (ACK, FIN, PSH, RST, SUPPORTED_LINKTYPES, SYN, URG, Datagram, ParseStats, Segment,
                              check_linktype, ip_to_str, parse_packet)
 from tests.test_capture import capture_tcp_transfer
 

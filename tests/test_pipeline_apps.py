@@ -13,10 +13,10 @@ import collections
 import pandas as pd
 import pytest
 
-from decoders.gloo import GlooCaptureDecoder
-from decoders.nccl_socket import NcclSocketCaptureDecoder
-from decoders.pipeline import build_dataset, decode_capture, decode_paths
-from decoders.roce import RoceCaptureDecoder
+from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
+from dlcsniff.decoders.pipeline import build_dataset, decode_capture, decode_paths
+from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
 from tests.conftest import PCAPS
 from tests.gloo_driver import run_capture_decoder
 from tests.nccl_driver import run_decoder

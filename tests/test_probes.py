@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from decoders.probes import load_capture_dir, zmq_messages
-from sniffer import ebpf, procnet
-from sniffer.netns import Cluster
+from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
+from dlcsniff.sniffer import ebpf
+from dlcsniff.sniffer import procnet
+from lab.netns import Cluster
 from tests.conftest import require_root, require_tool, require_workloads
 from tests.test_daemon import TOOL_PYTHON, RunningDaemon
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoders import pslite
-from decoders.errors import DecodeError
-from decoders.pslite_meta import PBMeta
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.pslite_meta import PBMeta
 
 K_EMPTY_VARINT = "ffffffff07"       # 2**31 - 1 (ps-lite's kEmpty) as a protobuf varint
 

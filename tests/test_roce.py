@@ -22,9 +22,9 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
-from decoders.capture import Packet, open_capture
-from decoders.nccl_socket import NcclSocketCaptureDecoder
-from decoders.roce import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
+from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
+from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
+from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
 from tests.conftest import require_tool
 from tests.nccl_driver import run_decoder, run_decoders
 from tests.roce_gen import COUNTERS, CTS_LAYOUTS, NETWORKS, QP_A_SEND, QP_B_RECV, RETH, cts_entries, roce_capture

@@ -17,9 +17,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from decoders.zmtp import DEFAULT_KEPT_BODY_BYTES
-from sniffer import ebpf
-from sniffer.netns import Cluster
+from dlcsniff.decoders.protocols.zmtp import DEFAULT_KEPT_BODY_BYTES
+from dlcsniff.sniffer import ebpf
+from lab.netns import Cluster
 from tests.conftest import require_root, require_tool
 from tests.test_daemon import DLCSNIFF, TOOL_PYTHON, RunningDaemon
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from sniffer.netns import Cluster
+from lab.netns import Cluster
 from tests.conftest import require_root
 from tests.test_daemon import TOOL_PYTHON, RunningDaemon
 from tests.test_snap import decode_zmtp

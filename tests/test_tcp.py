@@ -16,9 +16,9 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Raw
 
-from decoders.capture import open_capture
-from decoders.packet import LINKTYPE_RAW, SYN, Segment, ip_to_str, parse_packet
-from decoders.tcp import REORDER_WINDOW_NS, StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
+from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.packet import LINKTYPE_RAW, SYN, Segment, ip_to_str, parse_packet
+from dlcsniff.decoders.tcp import REORDER_WINDOW_NS, StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
 from tests.conftest import PCAPS, require_tool
 from tests.test_capture import capture_tcp_transfer
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoders.errors import DecodeError
-from decoders.zmtp import Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.zmtp import Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
 from tests.zmtp_tap import (Gap, bytewise, command, decode, decode_with_invariants, drain, frame, greeting_v2,
                             greeting_v3, message, messages, metadata, random_chunks, v1_frame, v1_message,
                             without_timestamps)

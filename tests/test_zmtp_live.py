@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zmq.auth.thread import ThreadAuthenticator
 
-from decoders.zmtp import Greeting, Message, Resync
+from dlcsniff.decoders.protocols.zmtp import Greeting, Message, Resync
 from tests.zmtp_tap import (Gap, Tap, TappedConnection, bytewise, command, commands, decode, decode_with_invariants,
                             frame, greeting_v2, greeting_v3, message, messages, metadata, random_chunks, v1_frame,
                             v1_message, without_timestamps)

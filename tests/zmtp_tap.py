@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from decoders.zmtp import NEED_DATA, Command, Message, Resync, ZmtpDecoder
+from dlcsniff.decoders.protocols.zmtp import NEED_DATA, Command, Message, Resync, ZmtpDecoder
 
 _RELAY_READ_BYTES = 1 << 16
 _JOIN_TIMEOUT_S = 20.0

@@ -6,8 +6,8 @@ the key, djb2 by default) as ps key = that server's range begin + key.
 """
 from __future__ import annotations
 
-from decoders.errors import DecodeError
-from decoders.pslite import server_key_ranges
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.pslite import server_key_ranges
 
 PARTITION_BITS = 16
 PARTITION_MASK = (1 << PARTITION_BITS) - 1

@@ -45,8 +45,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from decoders.packet import ip_to_str
-from decoders.rows import CaptureRows, frame_rows
+from dlcsniff.decoders.packet import ip_to_str
+from dlcsniff.decoders.protocols.base import CaptureRows, frame_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -615,7 +615,7 @@ def collectives_from_transfers(transfers: pd.DataFrame, *, protocol: str, idle_g
     import numpy as np
     import pandas as pd
 
-    from decoders.collectives import COLUMNS, collectives_from_messages
+    from dlcsniff.decoders.collective_ops import COLUMNS, collectives_from_messages
 
     columns = [*COLUMNS, "local_address"]
     # A node's rank, wherever one of its transfers names it (RoCE: a CTS tag names only the sender).

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from decoders.errors import DecodeError
+from dlcsniff.decoders.errors import DecodeError
 
 FILE_MAGIC = b"DLCPRB\x00\x01"
 FILE_HEADER_LEN = struct.Struct("<I")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decoders.errors import DecodeError
-from decoders.pslite import server_key_ranges
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.pslite import server_key_ranges
 
 # RequestType, in enum order
 REQUEST_TYPES = ("default", "row_sparse", "compressed")

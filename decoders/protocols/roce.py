@@ -39,10 +39,10 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
+from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
-from decoders.nccl_socket import IDLE_GAP_NS, collective_rows
-from decoders.rows import CaptureRows
+from dlcsniff.decoders.protocols.nccl_socket import IDLE_GAP_NS, collective_rows
+from dlcsniff.decoders.protocols.base import CaptureRows
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
-from analysis.load import AnalysisError, _read
-from analysis.operations import SCHEDULER_ID, vantage_points
+from dlcsniff.decoders.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
+from dlcsniff.analysis.load import AnalysisError, _read
+from dlcsniff.analysis.operations import SCHEDULER_ID, vantage_points
 
 IDENTITY = ("request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id", "control_cmd", "head")
 ATTRIBUTES = ("sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull", "simple_app",

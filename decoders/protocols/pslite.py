@@ -21,9 +21,9 @@ import numpy as np
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from decoders.errors import DecodeError
-from decoders.pslite_meta import PBMeta
-from decoders.zmtp import DEFAULT_KEPT_BODY_BYTES
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.pslite_meta import PBMeta
+from dlcsniff.decoders.protocols.zmtp import DEFAULT_KEPT_BODY_BYTES
 
 K_EMPTY = 2**31 - 1                  # ps-lite's Meta::kEmpty / Node::kEmpty: an unset id, head, timestamp...
 PS_MAX_KEY = 2**64 - 1               # ps-lite base.h kMaxKey

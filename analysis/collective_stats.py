@@ -50,8 +50,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.load import CollectiveDataset, load_collectives
-from analysis.summary import describe, human_bytes
+from dlcsniff.analysis.load import CollectiveDataset, load_collectives
+from dlcsniff.analysis.summary import describe, human_bytes
 
 P2P_KINDS = ("send", "recv")
 SEND_RECV = "send_recv"

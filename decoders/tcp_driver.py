@@ -29,11 +29,11 @@ from typing import Protocol
 
 import numpy as np
 
-from decoders.capture import EPB_HEADER_BYTES, NS_PER_S, PCAP_RECORD_HEADER_BYTES, Packet, PcapRecords, RecordBatch
-from decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
+from dlcsniff.decoders.inputs.capture_file import EPB_HEADER_BYTES, NS_PER_S, PCAP_RECORD_HEADER_BYTES, Packet, PcapRecords, RecordBatch
+from dlcsniff.decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, RST,
                              SUPPORTED_LINKTYPES, SYN, ParseStats, Segment, parse_packet)
-from decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler, TcpStream
+from dlcsniff.decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler, TcpStream
 
 _SEQ_MASK = SEQ_MODULUS - 1
 # An acknowledgement this close to a stream's next byte names the same stream offset whenever, within one

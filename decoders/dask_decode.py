@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from decoders.pipeline import (FLOW_ID_CAPTURE_SHIFT, Dataset, ProgressFn, build_dataset, decode_capture,
+from dlcsniff.decoders.pipeline import (FLOW_ID_CAPTURE_SHIFT, Dataset, ProgressFn, build_dataset, decode_capture,
                                expand_inputs, with_processes)
 
 if TYPE_CHECKING:

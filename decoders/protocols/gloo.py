@@ -30,11 +30,11 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from decoders import tcpstore
-from decoders.errors import DecodeError, Resync
-from decoders.packet import ip_to_str
-from decoders.rows import CaptureRows, frame_rows
-from decoders.tcp import StreamKey
+from dlcsniff.decoders.protocols import tcpstore
+from dlcsniff.decoders.errors import DecodeError, Resync
+from dlcsniff.decoders.packet import ip_to_str
+from dlcsniff.decoders.protocols.base import CaptureRows, frame_rows
+from dlcsniff.decoders.tcp import StreamKey
 
 PREAMBLE = struct.Struct("<6Q")          # nbytes opcode slot offset length roffset
 PREAMBLE_BYTES = PREAMBLE.size
@@ -546,7 +546,7 @@ class GlooCaptureDecoder:
             # pandas only where there is Gloo traffic: the decoders stay quick to import for the others
             import pandas as pd
 
-            from decoders.collectives import collectives_from_messages
+            from dlcsniff.decoders.collective_ops import collectives_from_messages
             rows.collectives = frame_rows(collectives_from_messages(pd.DataFrame(rows.messages)))
         rows.messages.extend(self._store_rows)
         return rows

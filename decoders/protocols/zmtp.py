@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from decoders.errors import DecodeError, Resync
+from dlcsniff.decoders.errors import DecodeError, Resync
 
 
 class _Sentinel:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from decoders.capture import CaptureError
-from decoders.errors import DecodeError
-from sniffer import events as ev
+from dlcsniff.decoders.inputs.capture_file import CaptureError
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.formats import probe_events as ev
 
 CAPTURE_JSON = "capture.json"
 PCAP_RE = re.compile(r"capture-(\d{4})-(\d{5})\.pcap$")

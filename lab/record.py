@@ -1,9 +1,9 @@
 """Record real distributed jobs, one capture per node, with the programs' own ground truth beside them.
 
-    python -m sniffer.record all --out pcaps --workload-python .venv-workloads/bin/python
-    python -m sniffer.record mxnet --job big --model wide_mlp --batches 20 --bigarray-bound 65536 --out DIR ...
-    python -m sniffer.record zmq --out DIR --workload-python ...
-    python -m sniffer.record gloo --out DIR --workload-python ... [--world-size 4]
+    python -m lab.record all --out pcaps --workload-python .venv-workloads/bin/python
+    python -m lab.record mxnet --job big --model wide_mlp --batches 20 --bigarray-bound 65536 --out DIR ...
+    python -m lab.record zmq --out DIR --workload-python ...
+    python -m lab.record gloo --out DIR --workload-python ... [--world-size 4]
 
 Each job lands in DIR/<job>/ (written beside it first, then renamed into place):
 - <node>.pcap.gz  tcpdump -i any (eth0 and lo) of the node (its own network namespace, MTU 1500, offloads off), gzip -9
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sniffer.netns import Capture, Cluster, NetnsError
+from lab.netns import Capture, Cluster, NetnsError
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 SCHEDULER_PORT = 9091
@@ -412,7 +412,7 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sniffer.record", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.record", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for command, help_text in (("all", "record every bundled job"), ("mxnet", "record one MXNet job"),
                                ("zmq", "record the pyzmq job"), ("gloo", "record the PyTorch Gloo job")):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from decoders.errors import DecodeError
+from dlcsniff.decoders.errors import DecodeError
 
 CHUNK_BYTES = 4 << 20
 # No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length

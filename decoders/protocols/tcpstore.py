@@ -39,7 +39,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-from decoders.errors import DecodeError
+from dlcsniff.decoders.errors import DecodeError
 
 VALIDATION_MAGIC = 0x3C85F7CE
 MAX_MESSAGE_BYTES = 1 << 26
