@@ -12,17 +12,18 @@ from pathlib import Path
 from dlcsniff.analysis.collective_stats import CollectiveStats, collective_statistics, collective_statistics_of
 from dlcsniff.analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
 from dlcsniff.analysis.latency import JobStats, job_statistics
-from dlcsniff.analysis.load import AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset
-from dlcsniff.decoders.timeline import JobView, job_view, load_job_view, write_job_view
+from dlcsniff.analysis.load import (AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset,
+                                    load_job_view)
+from dlcsniff.decoders.timeline import JobView
 from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records
 from dlcsniff.analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
     "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
     "JobStats", "JobView", "Stats", "Trace", "build_records", "collective_statistics", "collective_statistics_of",
-    "compute_stats", "dlc_table", "headline", "job_statistics", "job_view", "load_collectives", "load_dataset",
+    "compute_stats", "dlc_table", "headline", "job_statistics", "load_collectives", "load_dataset",
     "load_job_view", "pslite_trace", "read_dlc", "summary_json", "trace_of", "write_dlc", "write_dlc_traces",
-    "write_html_report", "write_job_view", "write_statistics", "write_stats",
+    "write_html_report", "write_statistics", "write_stats",
 ]
 
 

@@ -25,7 +25,7 @@ from dlcsniff.analysis.collective_stats import collective_statistics_of
 from dlcsniff.analysis.latency import job_statistics
 from dlcsniff.analysis.load import load_dataset
 from dlcsniff.analysis.summary import Stats, compute_stats, write_stats
-from dlcsniff.decoders.dask_decode import cluster_failures, dask_client, worker_path
+from dlcsniff.decoders.dask_cluster import cluster_failures, dask_client, worker_path
 
 PARALLEL_TASKS = 3        # the ps-lite records, the merged view's statistics, the collectives'
 

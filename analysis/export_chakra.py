@@ -41,7 +41,7 @@ import pandas as pd
 
 from dlcsniff.analysis.chakra_schema import AttributeProto, CollectiveCommType, GlobalMetadata, Node, NodeType, delimited
 from dlcsniff.analysis.dlc import dlc_table
-from dlcsniff.analysis.load import AnalysisError, Dataset, _read, load_dataset
+from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset, read_columns
 from dlcsniff.analysis.operations import (
     CATEGORY_CONTROL, CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE,
     SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, build_records,
@@ -382,7 +382,7 @@ def write_chakra_traces(decode_dir: str | Path, out_dir: str | Path) -> ChakraEx
     pslite = _pslite_part(dataset)
     trace = build_records(pslite) if pslite is not None else None
     collectives_path = Path(decode_dir) / "collectives.parquet"
-    collectives = _read(collectives_path, COLLECTIVE_COLUMNS) if collectives_path.exists() else None
+    collectives = read_columns(collectives_path, COLLECTIVE_COLUMNS) if collectives_path.exists() else None
     name = Path(decode_dir).resolve().name or "job"
     return write_chakra(chakra_graph(trace, collectives), out_dir, name, source=str(decode_dir))
 

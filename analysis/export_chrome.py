@@ -24,7 +24,8 @@ import pandas as pd
 
 from dlcsniff.analysis.iterations import worker_iterations
 from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset
-from dlcsniff.analysis.operations import Trace, build_records, dlc_ranks, node_names, vantage_points
+from dlcsniff.analysis.operations import Trace, build_records, dlc_ranks, node_names
+from dlcsniff.decoders.vantage import vantage_points
 from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
 
 ITERATIONS_TID = 0

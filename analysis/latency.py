@@ -44,8 +44,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dlcsniff.decoders.clocks import align
-from dlcsniff.analysis.load import _read
-from dlcsniff.decoders.timeline import JobView, connection_names, load_job_view
+from dlcsniff.analysis.load import load_job_view, read_columns
+from dlcsniff.decoders.timeline import JobView, connection_names
 from dlcsniff.analysis.summary import describe
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
@@ -327,8 +327,8 @@ def job_statistics(decode_dir: str | Path) -> JobStats:
     view = load_job_view(decode_dir)
     requests = request_latency(view.events)
     in_flight = requests_in_flight(requests)
-    streams = _read(decode_dir / "streams.parquet", STREAM_COLUMNS)
-    zmtp = _read(decode_dir / "zmtp.parquet", ZMTP_COLUMNS)
+    streams = read_columns(decode_dir / "streams.parquet", STREAM_COLUMNS)
+    zmtp = read_columns(decode_dir / "zmtp.parquet", ZMTP_COLUMNS)
     connections = connection_setup(streams, zmtp, view.clocks)
     events = view.events
     push = events[_requests(events) & events["push"].fillna(False).to_numpy(bool)]

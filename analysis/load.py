@@ -17,7 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
+from dlcsniff.decoders.output import read_manifest
+from dlcsniff.decoders.timeline import EVENT_COLUMNS, MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS, JobView, job_view
 
 
 class AnalysisError(Exception):
@@ -59,7 +62,7 @@ class CollectiveDataset:
     clocks: pd.DataFrame | None = None     # clocks.parquet rows of the captures whose times it aligned
 
 
-def _read(path: Path, columns: tuple[str, ...], protocol: str | None = None,
+def read_columns(path: Path, columns: tuple[str, ...], protocol: str | None = None,
           where: pc.Expression | None = None) -> pd.DataFrame:
     """The named columns of a decode table; with `protocol`, only that protocol's rows (messages.parquet
     holds ps-lite, Gloo, NCCL and RoCE messages side by side); with `where`, only the rows it selects."""
@@ -86,8 +89,8 @@ def load_dataset(decode_dir: str | Path) -> Dataset:
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    messages = _read(decode_dir / "messages.parquet", MESSAGE_COLUMNS, protocol="pslite")
-    nodes = _read(decode_dir / "nodes.parquet", NODE_COLUMNS)
+    messages = read_columns(decode_dir / "messages.parquet", MESSAGE_COLUMNS, protocol="pslite")
+    nodes = read_columns(decode_dir / "nodes.parquet", NODE_COLUMNS)
     clocks = _clocks(decode_dir)
     if clocks is not None:
         _align(messages, clocks)
@@ -95,7 +98,7 @@ def load_dataset(decode_dir: str | Path) -> Dataset:
 
 
 def _clocks(decode_dir: Path) -> pd.DataFrame | None:
-    return _read(decode_dir / "clocks.parquet", CLOCK_COLUMNS) if (decode_dir / "clocks.parquet").exists() else None
+    return read_columns(decode_dir / "clocks.parquet", CLOCK_COLUMNS) if (decode_dir / "clocks.parquet").exists() else None
 
 
 def _align(table: pd.DataFrame, clocks: pd.DataFrame) -> None:
@@ -113,10 +116,10 @@ def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
     path = decode_dir / "collectives.parquet"
     if not path.exists():
         return None
-    collectives = _read(path, COLLECTIVE_COLUMNS)
+    collectives = read_columns(path, COLLECTIVE_COLUMNS)
     if len(collectives) == 0:
         return None
-    messages = _read(decode_dir / "messages.parquet", COLLECTIVE_MESSAGE_COLUMNS,
+    messages = read_columns(decode_dir / "messages.parquet", COLLECTIVE_MESSAGE_COLUMNS,
                      where=pc.field("collective").is_valid())
     clocks = _clocks(decode_dir)
     aligned = None if clocks is None else clocks[clocks["aligned"].fillna(False).astype(bool).to_numpy()]
@@ -125,3 +128,22 @@ def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
     else:
         aligned = None
     return CollectiveDataset(collectives=collectives, messages=messages, source=str(decode_dir), clocks=aligned)
+
+
+def load_job_view(decode_dir: str | Path) -> JobView:
+    """The job's timeline as `dlcsniff decode` wrote it (events.parquet, clocks.parquet, and the losses in
+    manifest.json); recomputed from messages and streams for an output written before it had them."""
+    decode_dir = Path(decode_dir)
+    if not decode_dir.is_dir():
+        raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
+    try:
+        manifest = read_manifest(decode_dir)
+    except DecodeError as exc:
+        raise AnalysisError(str(exc)) from None
+    losses = (manifest or {}).get("job_view", {}).get("losses")
+    events_path, clocks_path = decode_dir / "events.parquet", decode_dir / "clocks.parquet"
+    if losses is not None and events_path.exists() and clocks_path.exists():
+        return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=read_columns(clocks_path, CLOCK_COLUMNS),
+                       losses=losses)
+    return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
+                    read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))

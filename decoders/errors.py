@@ -1,19 +1,12 @@
-"""The one error the decoders raise internally, and the recovery event stream decoders share; boundaries
-turn errors into an event or a one-line message."""
+"""The errors decoders/ raises. Internally one: DecodeError, bytes that do not make sense as the format being
+decoded; stream decoders turn it into an event (decoders.sansio) and go on. At the edge: CaptureError, an input
+that cannot be decoded at all (the message says why, in one line)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 
 class DecodeError(Exception):
     """Bytes that do not make sense as the format being decoded."""
 
 
-@dataclass(frozen=True, slots=True)
-class Resync:
-    """A stream decoder resumed at stream offset `offset` after `lost_bytes` bytes it could not decode
-    (a capture hole over a header, or a capture that started mid-stream)."""
-    offset: int
-    lost_bytes: int
-    ts_ns: int
-    reason: str
+class CaptureError(DecodeError):
+    """A capture input that cannot be read (missing, not a capture, unsupported link type...)."""

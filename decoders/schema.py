@@ -1,13 +1,10 @@
-"""The decode output contract: table schemas and the Parquet writer/reader at the edge.
+"""The decode output contract: the schemas of the tables `dlcsniff decode` writes (decoders.output).
 
 Other code (analysis/, the checks) relies on these exact names; extra columns may follow the contract's.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 _i64 = pa.int64()
 _list_i64 = pa.list_(pa.int64())
@@ -225,20 +222,3 @@ def table_from_columns(name: str, columns: dict[str, list]) -> pa.Table:
     n = len(next(iter(columns.values()))) if columns else 0
     arrays = [pa.array(columns.get(f.name, [None] * n), type=f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def write_dataset(tables: dict[str, pa.Table], out_dir: Path) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for name, table in tables.items():
-        path = out_dir / f"{name}.parquet"
-        pq.write_table(table, path, compression="zstd")
-        written[name] = path
-    return written
-
-
-def read_table(out_dir: Path, name: str) -> pa.Table:
-    path = Path(out_dir) / f"{name}.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: not found — is {out_dir} the output of `dlcsniff decode`?")
-    return pq.read_table(path)

@@ -7,7 +7,7 @@ sender's and at its receiver's. Here the observations of one message become one 
   same at both ends) with the same ps-lite identity (request/push/pull/simple_app flags, timestamp, app,
   customer, control command, head), and are the n-th such message on it in each capture.
 - An observation is the send side when its capture is the sender's own capture (see
-  `analysis.operations.vantage_points`), the receive side when it is the receiver's (a node's message to
+  `decoders.vantage.vantage_points`), the receive side when it is the receiver's (a node's message to
   itself: both), and an observer's otherwise. Should a side be seen twice, its first sighting counts.
 - Clocks (analysis.clocks) are estimated from the events seen at both ends: the first byte of every such
   message, and its last byte when both ends saw it whole.
@@ -24,14 +24,13 @@ events.parquet (EVENT_COLUMNS), one row per message of the job:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
-from dlcsniff.analysis.load import AnalysisError, _read
-from dlcsniff.analysis.operations import SCHEDULER_ID, vantage_points
+from dlcsniff.decoders.protocols.pslite import SCHEDULER_ID
+from dlcsniff.decoders.vantage import vantage_points
 
 IDENTITY = ("request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id", "control_cmd", "head")
 ATTRIBUTES = ("sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull", "simple_app",
@@ -160,32 +159,3 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame) -> JobView:
     }
     events = events.sort_values(["ts_first_ns", "event_id"], kind="stable", ignore_index=True)
     return JobView(events=events[list(EVENT_COLUMNS)], clocks=clocks, losses=losses)
-
-
-def read_job_inputs(decode_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(messages, streams): the columns of a `dlcsniff decode` output the merge needs."""
-    decode_dir = Path(decode_dir)
-    if not decode_dir.is_dir():
-        raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    return (_read(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
-            _read(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
-
-
-def load_job_view(decode_dir: str | Path) -> JobView:
-    """The job view of a `dlcsniff decode` output directory (from its messages and streams)."""
-    return job_view(*read_job_inputs(decode_dir))
-
-
-def write_job_view(decode_dir: str | Path) -> dict:
-    """`dlcsniff decode`, after the per-capture tables: DIR/events.parquet and DIR/clocks.parquet; returns
-    a summary (events, observations, losses, and per capture its alignment)."""
-    decode_dir = Path(decode_dir)
-    view = load_job_view(decode_dir)
-    try:
-        view.events.to_parquet(decode_dir / "events.parquet", index=False)
-        view.clocks.to_parquet(decode_dir / "clocks.parquet", index=False)
-    except OSError as exc:
-        raise AnalysisError(f"cannot write to {decode_dir}: {exc.strerror or exc}") from exc
-    return {"events": view.losses["events"], "losses": view.losses,
-            "reference": str(view.clocks["reference"].iloc[0]) if len(view.clocks) else None,
-            "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -75,9 +76,10 @@ def decode(
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
     dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
     """
-    from dlcsniff.decoders.inputs.capture_file import CaptureError
-    from dlcsniff.decoders.dask_decode import ClusterError, decode_paths_dask
-    from dlcsniff.decoders.pipeline import decode_paths
+    from dlcsniff.decoders.dask_cluster import ClusterError
+    from dlcsniff.decoders.dask_decode import decode_paths_dask
+    from dlcsniff.decoders.errors import CaptureError
+    from dlcsniff.decoders.job import decode_paths
 
     _check_engine(engine, scheduler)
 
@@ -106,17 +108,12 @@ def decode(
     finally:
         if bar is not None:
             bar.stop()
-    from dlcsniff.decoders.schema import write_dataset    # pyarrow: loaded while the decoding workers ran
+    from dlcsniff.decoders.output import OutputError, write_decode_output
     try:
-        write_dataset(dataset.tables, out_dir)
-    except OSError as exc:
-        _fail(f"cannot write to {out_dir}: {exc.strerror or exc}")
-    from dlcsniff.analysis import AnalysisError, write_job_view
-    try:
-        # One timeline for the job: a message seen at both ends becomes one event (events.parquet), and
-        # every capture's clock is aligned to a reference capture (clocks.parquet).
-        job = write_job_view(out_dir)
-    except AnalysisError as exc:
+        # The tables, and one timeline for the job: a message seen at both ends becomes one event
+        # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
+        job = write_decode_output(dataset, out_dir, inputs=captures, command=sys.argv)
+    except OutputError as exc:
         _fail(str(exc))
     summary = dataset.summary
     summary["out"] = str(out_dir)
@@ -184,7 +181,8 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
                   f"{job['reference']}: " + ", ".join(
                       f"{c['capture']} {c['offset_ns'] / 1000:+.1f} µs ±{c['error_bound_ns'] / 1000:.1f}"
                       for c in job["clocks"] if c["aligned"] and c["capture"] != job["reference"]))
-    out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*tables, 'events', 'clocks'))} to {summary['out']}")
+    out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*tables, 'events', 'clocks'))} and manifest.json to "
+              f"{summary['out']}")
 
 
 # --- analysis (issue 3): DLC traces, SketchDLC statistics, the HTML report ---------------------------------
@@ -240,7 +238,7 @@ def stats(
     from dlcsniff.analysis import AnalysisError, headline, summary_json, write_statistics
     from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
     from dlcsniff.analysis.dask_stats import write_statistics_dask
-    from dlcsniff.decoders.dask_decode import ClusterError
+    from dlcsniff.decoders.dask_cluster import ClusterError
 
     _check_engine(engine, scheduler)
     if workers is not None and engine != "dask":

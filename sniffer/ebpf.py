@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
 from dlcsniff.sniffer import procnet
 from dlcsniff.decoders.formats.probe_events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
 
@@ -40,9 +41,6 @@ PROBES_DIR = Path(__file__).resolve().parent / "probes"
 PROGRAM_FILES = tuple(PROBES_DIR / name for name in ("common.h", "sock.c", "libs.c", "zmq.c", "nccl.c", "zmtp_snap.c"))
 SNAP_FUNCTION = "zmtp_snap"       # the socket filter in probes/zmtp_snap.c: loaded only when the daemon cuts
 SNAP_MAX_FRAMES = 32              # ZMTP frames the filter parses per packet (a bounded loop)
-# Data frames up to this size keep their body in the capture (a message's first two frames always do):
-# at least what the decoders keep (decoders/zmtp.py DEFAULT_KEPT_BODY_BYTES; a test holds them together).
-SNAP_KEPT_BODY_BYTES = 64 * 1024
 SNAP_COUNTERS = ("cut_packets", "cut_bytes", "full_flows")   # snap_counts indices in probes/zmtp_snap.c
 BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 TRACEFS_MOUNTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
@@ -224,7 +222,8 @@ def probe_cflags(*, netns: int | None, offsets: dict[str, int], link_header_byte
     drops every other packet) are for the snap filter (probes/zmtp_snap.c)."""
     defines: dict[str, object] = {
         **layout_cflags(), **offsets, "RINGBUF_PAGES": RINGBUF_PAGES, "SNAP_LINK_HEADER_LEN": link_header_bytes,
-        "SNAP_KEPT_BODY_MAX": SNAP_KEPT_BODY_BYTES, "SNAP_MAX_FRAMES": SNAP_MAX_FRAMES}
+        "SNAP_KEPT_FIRST_FRAMES": ZMTP_KEPT_BODIES.first_frames, "SNAP_KEPT_BODY_MAX": ZMTP_KEPT_BODIES.max_body_bytes,
+        "SNAP_MAX_FRAMES": SNAP_MAX_FRAMES}
     if netns is not None and offsets:
         defines["NETNS_INUM"] = netns
     ranges = " || ".join(f"((port) >= {low} && (port) <= {high})" for low, high in port_ranges)

@@ -51,8 +51,9 @@ def best_seconds(decode) -> tuple[float, dict]:
 
 
 def run() -> dict:
-    from dlcsniff.decoders.dask_decode import dask_client, decode_paths_dask
-    from dlcsniff.decoders.pipeline import decode_paths
+    from dlcsniff.decoders.dask_cluster import dask_client
+    from dlcsniff.decoders.dask_decode import decode_paths_dask
+    from dlcsniff.decoders.job import decode_paths
 
     captures = job_captures()
     cores = len(os.sched_getaffinity(0))

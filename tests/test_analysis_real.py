@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 from dlcsniff.analysis import DLC_HEADER, build_records, compute_stats, load_dataset, read_dlc, write_dlc
 from dlcsniff.analysis.iterations import ITERATION_COLUMNS
 from dlcsniff.analysis.overheads import KEY_COLUMNS
-from dlcsniff.decoders.schema import write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
+from tests.decoded import on_reference_clock
 from tests.groundtruth import load_job
 
 JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sync_large", "mxnet_sparse"]
@@ -37,11 +38,11 @@ def decoded(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("decoded")
     out = {}
     for job in JOBS:
-        write_dataset(decode_paths([PCAPS / job]).tables, root / job)
+        write_decode_output(decode_paths([PCAPS / job]), root / job)
         out[job] = root / job
     job = load_job(PCAPS / "mxnet_async")
     kept = [job.capture_path(node["name"]) for node in job.nodes if node["name"] != "worker0"]
-    write_dataset(decode_paths(kept).tables, root / "mxnet_async_without_worker0")
+    write_decode_output(decode_paths(kept), root / "mxnet_async_without_worker0")
     out["mxnet_async_without_worker0"] = root / "mxnet_async_without_worker0"
     return out
 
@@ -197,7 +198,8 @@ def _independent_phases(messages: pd.DataFrame, job, node: dict) -> pd.DataFrame
 
 def test_overlap_ratio_recomputed_independently_from_messages(analysed):
     job, _, stats, _, decode_dir = analysed
-    messages = pd.read_parquet(decode_dir / "messages.parquet")
+    messages = on_reference_clock(pd.read_parquet(decode_dir / "messages.parquet"),
+                                   pd.read_parquet(decode_dir / "clocks.parquet"))
     for node in job.nodes:
         if node["role"] != "worker":
             continue

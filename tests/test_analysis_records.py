@@ -8,7 +8,8 @@ import pytest
 
 from dlcsniff.analysis import AnalysisError, build_records
 from dlcsniff.analysis.load import MESSAGE_COLUMNS, NODE_COLUMNS, Dataset
-from dlcsniff.analysis.operations import INIT_ITERATION, NO_ITERATION, RECORD_COLUMNS, vantage_points
+from dlcsniff.analysis.operations import INIT_ITERATION, NO_ITERATION, RECORD_COLUMNS
+from dlcsniff.decoders.vantage import vantage_points
 
 W0, W1, S0, S1, SCHED = 9, 11, 8, 10, 1            # ps-lite ids: worker r = 9 + 2r, server r = 8 + 2r
 T0 = 1_700_000_000_000_000_000

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from scapy.utils import RawPcapNgReader, RawPcapReader
 
 from dlcsniff.decoders.inputs import capture_file as capture
-from dlcsniff.decoders.inputs.capture_file import CaptureError, open_capture
+from dlcsniff.decoders.errors import CaptureError
+from dlcsniff.decoders.inputs.capture_file import open_capture
 from tests.conftest import require_root, require_tool
 
 # -- a real capture of a real transfer (also used by test_packet, test_tcp and bench_hotpath) --------------

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align, estimate_clocks, pair_clocks
-from dlcsniff.analysis import load_dataset, load_job_view, write_job_view
-from dlcsniff.decoders.schema import write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.analysis import load_dataset, load_job_view
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS, require_tool
 from tests.groundtruth import load_job
 
@@ -145,8 +145,7 @@ def rewrite_pcap(source, target, shift_ns: int, drift_ppm: float) -> None:
 
 def decoded_view(directory, out):
     """Decode the captures in `directory` into `out`, with the job view written as decode writes it."""
-    write_dataset(decode_paths([directory]).tables, out)
-    write_job_view(out)
+    write_decode_output(decode_paths([directory]), out)
     return load_job_view(out)
 
 

@@ -11,7 +11,7 @@ import pytest
 from dlcsniff.decoders.collective_ops import COLUMNS, collectives_from_messages
 from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
 from tests.conftest import PCAPS
-from tests.gloo_driver import run_capture_decoder
+from tests.protocol_driver import run_decoder
 
 JOB = PCAPS / "gloo"
 K = 4
@@ -104,7 +104,7 @@ def test_no_collective_messages_give_an_empty_table():
 def job_collectives() -> pd.DataFrame:
     frames = []
     for rank in range(K):
-        rows, _ = run_capture_decoder(GlooCaptureDecoder(), JOB / f"rank{rank}.pcap.gz")
+        rows, _ = run_decoder(JOB / f"rank{rank}.pcap.gz", GlooCaptureDecoder())
         frames.append(pd.DataFrame(rows.messages).assign(capture=f"rank{rank}"))
     messages = pd.concat(frames, ignore_index=True)
     return collectives_from_messages(messages[messages["protocol"] == "gloo"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.job import decode_paths
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
 from lab.netns import Cluster
 from lab.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR, _pslite_node_id

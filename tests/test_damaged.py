@@ -14,7 +14,7 @@ import dpkt.sll2
 import pandas as pd
 import pytest
 
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
 
 SOURCE = PCAPS / "mxnet_sync_large" / "worker0.pcap.gz"

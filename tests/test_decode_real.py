@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from dlcsniff.decoders.protocols import pslite
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
 from tests.groundtruth import load_job
 

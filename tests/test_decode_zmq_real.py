@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
 from tests.groundtruth import load_job
 

@@ -16,6 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlcsniff.decoders.inputs.flow_owners import attribute_flows
+from dlcsniff.decoders.sansio import NEED_DATA
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.sniffer import ebpf
 from dlcsniff.decoders.formats import probe_events as ev
@@ -128,7 +130,7 @@ def flows_by_port(flows: list[ev.Flow]) -> dict[tuple[int, int], ev.Flow]:
 
 def test_attribute_flows_from_recorded_events():
     client_port = parsed("CONNECT_ESTABLISHED").local_port
-    flows = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK)))
+    flows = flows_by_port(attribute_flows(sock_events(*ALL_SOCK)))
     assert set(flows) == {(5999, 0), (client_port, 5999), (5999, client_port)}
     listener, active, passive = flows[5999, 0], flows[client_port, 5999], flows[5999, client_port]
     assert (listener.source, active.source, passive.source) == ("listen", "connect", "accept")
@@ -140,18 +142,18 @@ def test_attribute_flows_from_recorded_events():
 
 def test_without_accept_the_listener_owns_passive_flows():
     client_port = parsed("CONNECT_ESTABLISHED").local_port
-    without_accept = flows_by_port(ev.attribute_flows(sock_events(*ALL_SOCK[:-1])))
+    without_accept = flows_by_port(attribute_flows(sock_events(*ALL_SOCK[:-1])))
     assert without_accept[5999, client_port].source == "listen"
     assert without_accept[5999, client_port].tgid == WORKLOAD_PID
     # no listener in sight: unknown, not guessed
-    alone = flows_by_port(ev.attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED")))
+    alone = flows_by_port(attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED")))
     assert alone[5999, client_port].source is None and alone[5999, client_port].tgid is None
     # a listener already open when the daemon started (from /proc) names the owner
     listening = ev.SocketSnapshot(parsed("LISTEN").mono_ns, socket.AF_INET, "127.0.0.1", 5999, "0.0.0.0", 0,
                                   ev.TCP_LISTEN, 4242, 77, "server")
     elsewhere = ev.SocketSnapshot(listening.mono_ns, socket.AF_INET, "127.0.0.1", 6000, "0.0.0.0", 0,
                                   ev.TCP_LISTEN, 4343, 88, "other")
-    found = flows_by_port(ev.attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED"),
+    found = flows_by_port(attribute_flows(sock_events("CHILD_SYN_RECV", "CHILD_ESTABLISHED"),
                                              [elsewhere, listening]))
     assert (found[5999, client_port].tgid, found[5999, client_port].source) == (77, "listen")
 
@@ -162,7 +164,7 @@ def test_a_reused_socket_address_starts_a_new_flow():
                              "oldstate": ev.TCP_ESTABLISHED, "newstate": ev.TCP_CLOSE, "mono_ns": first[1].mono_ns + 10})
     again = [ev.SockEvent(**{**{f: getattr(e, f) for f in ev.SockEvent.__slots__}, "mono_ns": e.mono_ns + 100,
                              "remote_port": 6000}) for e in first]
-    flows = ev.attribute_flows([*first, closed, *again])
+    flows = attribute_flows([*first, closed, *again])
     assert [(flow.remote_port, flow.closed_mono_ns is not None) for flow in flows] == [(5999, True), (6000, False)]
 
 
@@ -205,10 +207,10 @@ def decode_in_pieces(data: bytes, piece_bytes: int) -> tuple[ev.ProbeFileDecoder
     found = []
     for start in range(0, len(data), piece_bytes):
         decoder.receive_data(data[start:start + piece_bytes])
-        while (item := decoder.next_event()) is not ev.NEED_DATA:
+        while (item := decoder.next_event()) is not NEED_DATA:
             found.append(item)
     decoder.receive_data(b"")
-    while (item := decoder.next_event()) is not ev.NEED_DATA:
+    while (item := decoder.next_event()) is not NEED_DATA:
         found.append(item)
     return decoder, found
 

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from dlcsniff.analysis import build_records, load_dataset
 from dlcsniff.analysis.export_chakra import write_chakra_traces
 from dlcsniff.analysis.iterations import worker_iterations
-from dlcsniff.decoders.schema import table_from_columns, write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.schema import table_from_columns
+from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
 from tests.groundtruth import load_job
@@ -65,7 +66,7 @@ def value(message, name):
 def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     decode_dir = root / request.param
-    write_dataset(decode_paths([PCAPS / request.param]).tables, decode_dir)
+    write_decode_output(decode_paths([PCAPS / request.param]), decode_dir)
     written = write_chakra_traces(decode_dir, root / "et")
     files = {file.rank: read_et(file.path) for file in written.files}
     return load_job(PCAPS / request.param), decode_dir, written, files
@@ -124,7 +125,7 @@ def test_a_capture_that_stopped_early_leaves_out_the_messages_it_missed(tmp_path
     cut_ns = job.records["worker0"]["batches"][5]["start_ns"]
     cut = capture_cut_before(job.capture_path("worker0"), cut_ns, tmp_path / "captures" / "worker0.pcap")
     captures = [job.capture_path(node["name"]) for node in job.nodes if node["name"] != "worker0"] + [cut]
-    write_dataset(decode_paths(captures).tables, tmp_path / "decoded")
+    write_decode_output(decode_paths(captures), tmp_path / "decoded")
     written = write_chakra_traces(tmp_path / "decoded", tmp_path / "et")
     files = {file.rank: read_et(file.path) for file in written.files}
     check_sends_pair_with_receipts(files)
@@ -201,11 +202,17 @@ def test_worker_computation_adds_up_to_the_iteration_phases(exported):
     assert checked >= len(iterations) // 2
 
 
+def _write_empty_tables(decode_dir):
+    """A decode directory holding only empty messages and nodes tables (what an output without ps-lite has)."""
+    decode_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("messages", "nodes"):
+        pq.write_table(table_from_columns(name, {}), decode_dir / f"{name}.parquet")
+
+
 def _collective_job(tmp_path):
     """A decode directory with no ps-lite traffic and the collectives of two Gloo ranks."""
     decode_dir = tmp_path / "gloo_job"
-    write_dataset({"messages": table_from_columns("messages", {}), "nodes": table_from_columns("nodes", {})},
-                  decode_dir)
+    _write_empty_tables(decode_dir)
     ms = 1_000_000
     rows = [  # local rank, kind, seq, first, last, tensor bytes, peers (decoders.collectives.COLUMNS)
         (0, "all_reduce", 0, 10 * ms, 12 * ms, 4 << 20, [1]), (1, "all_reduce", 0, 10 * ms, 12 * ms, 4 << 20, [0]),
@@ -251,6 +258,6 @@ def test_cli_export_chakra_and_its_errors(tmp_path):
         assert result.exit_code == 1
         assert result.output.startswith("error:") and result.output.count("\n") <= 2, result.output
     empty = tmp_path / "empty"
-    write_dataset({"messages": table_from_columns("messages", {}), "nodes": table_from_columns("nodes", {})}, empty)
+    _write_empty_tables(empty)
     result = runner.invoke(app, ["export", str(empty), "--format", "chakra", "--out", str(tmp_path / "y")])
     assert result.exit_code == 1 and "nothing to export" in result.output

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from dlcsniff.decoders.schema import write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
+from tests.decoded import on_reference_clock
 from tests.groundtruth import load_job
 
 JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sparse", "mxnet_sync_large"]
@@ -94,16 +95,18 @@ def enclosing(opened: OpenedTrace, event: dict) -> Slice | None:
 @pytest.fixture(scope="module", params=JOBS)
 def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
-    write_dataset(decode_paths([PCAPS / request.param]).tables, root / "decoded")
+    write_decode_output(decode_paths([PCAPS / request.param]), root / "decoded")
     result = CliRunner().invoke(app, ["export", str(root / "decoded"), "--format", "chrome",
                                       "--out", str(root / "trace.json")])
     assert result.exit_code == 0, result.output
-    messages = pq.read_table(root / "decoded" / "messages.parquet").to_pandas()
-    return load_job(PCAPS / request.param), messages, open_trace(root / "trace.json")
+    # the export's one timeline: every capture read with its clock (clocks.parquet)
+    clocks = pq.read_table(root / "decoded" / "clocks.parquet").to_pandas()
+    messages = on_reference_clock(pq.read_table(root / "decoded" / "messages.parquet").to_pandas(), clocks)
+    return load_job(PCAPS / request.param), messages, open_trace(root / "trace.json"), clocks
 
 
 def test_every_track_is_named_and_its_slices_nest(exported):
-    job, _, opened = exported
+    job, _, opened, _ = exported
     # processes are named by ps-lite role and rank (the DLC trace's names), labelled with their capture
     assert opened.process_names == {node["pslite_id"]: "scheduler" if node["role"] == "scheduler"
                                     else f"{node['role']}{node['rank']}" for node in job.nodes}
@@ -122,7 +125,7 @@ def test_every_track_is_named_and_its_slices_nest(exported):
 
 
 def test_message_events_are_the_rows_of_messages_parquet_at_each_end(exported):
-    job, messages, opened = exported
+    job, messages, opened, _ = exported
     origin = opened.other["origin_unix_ns"]
     for node in job.nodes:
         pid, mine = node["pslite_id"], messages[messages["capture"] == node["name"]]
@@ -139,7 +142,7 @@ def test_message_events_are_the_rows_of_messages_parquet_at_each_end(exported):
 def test_counts_match_what_ps_lite_logged(exported):
     """Receipts: one recv event per logged receipt. Sends: one per logged send, plus the TERMINATE a node
     sends itself, which ps-lite does not log."""
-    job, messages, opened = exported
+    job, messages, opened, _ = exported
     per_node = collections.Counter((s.event["pid"], s.event["cat"]) for slices in opened.slices.values()
                                    for s in slices if s.event.get("cat") in ("send", "recv"))
     receipts = 0
@@ -157,11 +160,13 @@ def test_counts_match_what_ps_lite_logged(exported):
 
 
 def test_flows_go_from_a_send_slice_to_the_receipt_slice_of_the_same_message(exported):
-    _, _, opened = exported
+    _, _, opened, clocks = exported
+    # on the aligned timeline a receipt may precede its send by no more than two captures' clock bounds
+    slack_us = 2 * clocks["error_bound_ns"].max() / 1000
     for flow_id, ends in opened.flows.items():
         assert set(ends) == {"s", "f"}, flow_id
         start, finish = ends["s"], ends["f"]
-        assert finish.get("bp") == "e" and finish["ts"] >= start["ts"]
+        assert finish.get("bp") == "e" and finish["ts"] >= start["ts"] - slack_us
         sent, received = enclosing(opened, start), enclosing(opened, finish)
         assert sent is not None and received is not None, flow_id
         assert sent.event["cat"] == "send" and received.event["cat"] == "recv"
@@ -172,7 +177,7 @@ def test_flows_go_from_a_send_slice_to_the_receipt_slice_of_the_same_message(exp
 
 
 def test_iterations_are_the_batches_the_workers_ran(exported):
-    job, _, opened = exported
+    job, _, opened, _ = exported
     for node in job.nodes:
         if node["role"] != "worker":
             continue
@@ -193,7 +198,7 @@ def test_a_node_without_capture_and_a_capture_cut_short(tmp_path):
     cut_ns = job.records["worker0"]["batches"][5]["start_ns"]
     cut = capture_cut_before(job.capture_path("worker0"), cut_ns, tmp_path / "captures" / "worker0.pcap")
     captures = [job.capture_path(node["name"]) for node in job.nodes if node["role"] != "worker"] + [cut]
-    write_dataset(decode_paths(captures).tables, tmp_path / "decoded")
+    write_decode_output(decode_paths(captures), tmp_path / "decoded")
     result = CliRunner().invoke(app, ["export", str(tmp_path / "decoded"), "--format", "chrome",
                                       "--out", str(tmp_path / "trace.json")])
     assert result.exit_code == 0, result.output

@@ -21,10 +21,12 @@ from hypothesis import strategies as st
 
 from dlcsniff.decoders.inputs import capture_file as capture
 from dlcsniff.decoders import tcp_driver as fastpath
-from dlcsniff.decoders.inputs.capture_file import CaptureError, open_capture
+from dlcsniff.decoders.errors import CaptureError
+from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2,
                              LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, ParseStats)
-from dlcsniff.decoders.pipeline import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_capture, decode_paths
+from dlcsniff.decoders.capture_decoder import decode_capture
+from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_paths
 from dlcsniff.decoders.tcp import StreamData, StreamGap, TcpReassembler, TcpStream
 from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES, ZmtpDecoder
 from tests.conftest import PCAPS
@@ -62,7 +64,7 @@ def test_bundled_captures_decode_identically_in_bulk(job):
     paths = sorted((PCAPS / job).glob("*.pcap*"))
     results = assert_batched_is_per_packet(paths)
     tcp_packets = sum(r.packets - r.non_tcp_packets for r in results)
-    assert sum(len(r.streams["flow_id"]) for r in results) > 0
+    assert sum(len(r.tables["streams"]["flow_id"]) for r in results) > 0
     if tcp_packets > 10_000:            # bulk transfers: the common case is the bulk path
         assert sum(r.bulk_packets for r in results) > 0.9 * tcp_packets
 
@@ -243,7 +245,7 @@ def test_link_types_left_to_parse_packet_are_counted_like_it_counts_them(tmp_pat
     path = tmp_path / "vlan.pcap"
     path.write_bytes(_pcap(records, LINKTYPE_ETHERNET, True))
     (result,) = assert_batched_is_per_packet([path])
-    assert result.bulk_packets == 0 and sum(result.streams["bytes"]) > 0
+    assert result.bulk_packets == 0 and sum(result.tables["streams"]["bytes"]) > 0
 
 
 # -- TCP state after every batch ------------------------------------------------------------------------------

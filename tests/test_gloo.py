@@ -28,8 +28,9 @@ from dlcsniff.decoders.protocols.gloo import (P2P, GlooCaptureDecoder, GlooMessa
                            Slot, parse_preamble, parse_rank_record, parse_slot, split_rank_key)
 from dlcsniff.decoders.packet import Segment, ip_to_str, parse_packet
 from dlcsniff.decoders.tcp import StreamData, StreamStarted, TcpReassembler
+from dlcsniff.decoders.protocols.base import TcpDirection
 from tests.conftest import PCAPS
-from tests.gloo_driver import run_capture_decoder
+from tests.protocol_driver import drain, rows_of, run_decoder
 
 JOB = PCAPS / "gloo"
 RANKS = range(4)
@@ -70,9 +71,13 @@ def decode(chunks, *, initiator: bool = True, midstream: bool = False) -> tuple[
     decoder = GlooStreamDecoder(initiator=initiator, midstream=midstream)
     events = []
     for first, second in chunks:
-        events += decoder.receive_gap(second, 0) if first == "gap" else decoder.receive_data(first, second)
-    events += decoder.receive_end(0)
-    return events, decoder
+        if first == "gap":
+            decoder.receive_gap(second, 0)
+        else:
+            decoder.receive_data(first, second)
+        events += drain(decoder)
+    decoder.receive_end(0)
+    return events + drain(decoder), decoder
 
 
 def without_times(events: list) -> list:
@@ -214,7 +219,8 @@ def real_stream_bytes(path) -> dict[tuple, bytes]:
             if isinstance(segment, Segment):
                 for event in tcp.feed(segment):
                     if isinstance(event, StreamStarted):
-                        keys[event.stream_id] = event.key
+                        src, sport, dst, dport = event.key
+                        keys[event.stream_id] = (ip_to_str(src), sport, ip_to_str(dst), dport)
                     elif isinstance(event, StreamData):
                         chunks[event.stream_id].append(bytes(event.data))
     return {keys[sid]: b"".join(parts) for sid, parts in chunks.items()}
@@ -235,7 +241,7 @@ def decoded():
     """rank -> (messages, collectives, streams DataFrames, stream keys)"""
     out = {}
     for rank in RANKS:
-        rows, keys = run_capture_decoder(GlooCaptureDecoder(), JOB / f"rank{rank}.pcap.gz")
+        rows, keys = run_decoder(JOB / f"rank{rank}.pcap.gz", GlooCaptureDecoder())
         out[rank] = (pd.DataFrame(rows.messages), pd.DataFrame(rows.collectives),
                      pd.DataFrame.from_dict(rows.streams, orient="index"), keys)
     return out
@@ -329,9 +335,11 @@ def test_every_tcpstore_query_whole_bytewise_and_with_trailing_bytes():
         connection = tcpstore.TcpStoreConnection()
         exchanges = []
         for chunk in request_chunks:
-            exchanges += connection.receive_request_data(chunk, 1)
+            connection.receive_request_data(chunk, 1)
+            exchanges += drain(connection)
         for chunk in response_chunks:
-            exchanges += connection.receive_response_data(chunk, 2)
+            connection.receive_response_data(chunk, 2)
+            exchanges += drain(connection)
         return connection, sorted(exchanges, key=lambda e: e.request.offset)
 
     connection, exchanges = run([requests], [responses])
@@ -347,12 +355,14 @@ def test_every_tcpstore_query_whole_bytewise_and_with_trailing_bytes():
     # Trailing bytes: half of one more GET, and a byte of its answer, change nothing before them.
     trailing_connection, trailing = run([requests + b"\x03" + vec("key")[:5]], [responses + b"\x07"])
     assert [exchange_fields(e) for e in trailing] == [exchange_fields(e) for e in exchanges]
-    assert trailing_connection.receive_end(3) == [] and trailing_connection.lost_bytes == 7
+    trailing_connection.receive_end(3)
+    assert drain(trailing_connection) == [] and trailing_connection.lost_bytes == 7
 
 
 def test_tcpstore_connection_must_start_with_validate():
     connection = tcpstore.TcpStoreConnection()
-    assert connection.receive_request_data(b"\x03" + vec("k"), 1) == []
+    connection.receive_request_data(b"\x03" + vec("k"), 1)
+    assert drain(connection) == []
     assert connection.failed and "VALIDATE" in connection.failed
 
 
@@ -392,7 +402,7 @@ def test_rendezvous_publishes_every_rank_at_its_address(decoded, job):
         gloo = streams[streams["protocol"] == "gloo"]
         for stream_id, row in gloo.iterrows():
             key = keys[stream_id]
-            assert ips[row["rank"]] == ip_to_str(key[0]) and ips[row["peer_rank"]] == ip_to_str(key[2])
+            assert ips[row["rank"]] == key[0] and ips[row["peer_rank"]] == key[2]
         assert gloo["lost_bytes"].sum() == 0 and gloo["resyncs"].sum() == 0
 
 
@@ -401,8 +411,10 @@ def test_rank_records_from_the_real_rendezvous(rank1_streams, job):
     client = next(key for key, data in rank1_streams.items() if data.startswith(tcpstore.VALIDATE_PREFIX))
     requests, responses = rank1_streams[client], rank1_streams[(client[2], client[3], client[0], client[1])]
     connection = tcpstore.TcpStoreConnection()
-    exchanges = connection.receive_request_data(requests, 1) + connection.receive_response_data(responses, 2)
-    exchanges += connection.receive_end(3)
+    connection.receive_request_data(requests, 1)
+    connection.receive_response_data(responses, 2)
+    connection.receive_end(3)
+    exchanges = drain(connection)
     assert connection.failed is None
     gets = {e.request.keys[0]: e.response.values[0] for e in exchanges if e.request.query == tcpstore.Query.GET}
     ips = {node["rank"]: node["ip"] for node in job["nodes"]}
@@ -415,9 +427,13 @@ def test_rank_records_from_the_real_rendezvous(rank1_streams, job):
     bytewise = tcpstore.TcpStoreConnection()
     again = []
     for i in range(max(len(requests), len(responses))):
-        again += bytewise.receive_request_data(requests[i:i + 1], 1) if i < len(requests) else []
-        again += bytewise.receive_response_data(responses[i:i + 1], 2) if i < len(responses) else []
-    again += bytewise.receive_end(3)
+        if i < len(requests):
+            bytewise.receive_request_data(requests[i:i + 1], 1)
+        if i < len(responses):
+            bytewise.receive_response_data(responses[i:i + 1], 2)
+        again += drain(bytewise)
+    bytewise.receive_end(3)
+    again += drain(bytewise)
 
     def in_request_order(found):     # an exchange is emitted when complete: order follows the feeding
         return [exchange_fields(e) for e in sorted(found, key=lambda e: e.request.offset)]
@@ -516,7 +532,7 @@ def test_lossy_captures_still_show_90_percent_of_the_operations(records, tmp_pat
         dropped, _ = rewrite(JOB / f"rank{rank}.pcap.gz", lossy,
                              lambda _, buf: not (carries_tcp_data(buf) and rng.random() < 0.10))
         assert dropped > 1000
-        rows, _ = run_capture_decoder(GlooCaptureDecoder(), lossy)
+        rows, _ = run_decoder(lossy, GlooCaptureDecoder())
         collectives = pd.DataFrame(rows.collectives)
         streams = pd.DataFrame.from_dict(rows.streams, orient="index")
         gloo = streams[streams["protocol"] == "gloo"]
@@ -534,7 +550,7 @@ def test_capture_started_mid_job_finds_the_later_operations(records, tmp_path):
     for rank in (0, 3):
         cut = tmp_path / f"rank{rank}.pcap"
         _, times = rewrite(JOB / f"rank{rank}.pcap.gz", cut, lambda index, _: index >= 12_000)
-        rows, _ = run_capture_decoder(GlooCaptureDecoder(), cut)
+        rows, _ = run_decoder(cut, GlooCaptureDecoder())
         collectives = pd.DataFrame(rows.collectives)
         assert collectives["local_rank"].isna().all() and (collectives["world_size"] == 4).all()
         cut_ns = int(times[12_000] * 1e9)
@@ -547,7 +563,7 @@ def test_capture_started_mid_job_finds_the_later_operations(records, tmp_path):
 
 @pytest.mark.parametrize("capture", ["mxnet_sync/worker0.pcap.gz", "zmq/client.pcap.gz"])
 def test_other_protocols_are_not_claimed(capture):
-    rows, keys = run_capture_decoder(GlooCaptureDecoder(), PCAPS / capture)
+    rows, keys = run_decoder(PCAPS / capture, GlooCaptureDecoder())
     assert len(keys) > 4 and not rows.streams and not rows.messages
 
 
@@ -568,12 +584,12 @@ def test_fuzz_stream_decoder_never_raises_and_accounts_for_every_byte(pieces, in
     last_offset = -1
     for ts_ns, piece in enumerate(pieces):
         if isinstance(piece, tuple):
-            events = decoder.receive_gap(piece[1], ts_ns)
+            decoder.receive_gap(piece[1], ts_ns)
             fed += piece[1]
         else:
-            events = decoder.receive_data(piece, ts_ns)
+            decoder.receive_data(piece, ts_ns)
             fed += len(piece)
-        for event in events:
+        for event in drain(decoder):
             if isinstance(event, GlooMessage):
                 assert event.offset > last_offset and event.offset + event.preamble.nbytes <= fed
                 last_offset = event.offset
@@ -587,7 +603,8 @@ def test_fuzz_tcpstore_connection_fails_cleanly(chunks):
     connection = tcpstore.TcpStoreConnection()
     for to_server, data in [(True, tcpstore.VALIDATE_PREFIX), *chunks]:
         receive = connection.receive_request_data if to_server else connection.receive_response_data
-        for exchange in receive(data, 0):
+        receive(data, 0)
+        for exchange in drain(connection):
             assert isinstance(exchange.request.query, tcpstore.Query)
     connection.receive_end(0)
     assert connection.failed is None or isinstance(connection.failed, str)
@@ -614,11 +631,12 @@ def test_fuzz_capture_decoder_claims_and_finishes_cleanly(streams):
     decoder = GlooCaptureDecoder()
     for stream_id, (prefix, syn_seen) in enumerate(streams):
         key = (bytes([198, 18, 0, stream_id % 3]), 1000 + stream_id, bytes([198, 18, 0, 9]), 2000)
-        verdict = decoder.claim(stream_id, key, syn_seen, prefix[:64])
+        verdict = decoder.claim(TcpDirection(stream_id, key, syn_seen), prefix[:64])
         assert verdict in (True, False, None)
         if verdict:
-            decoder.on_data(stream_id, memoryview(prefix), 1)
-            decoder.on_gap(stream_id, 10, 2)
-            decoder.on_end(stream_id, 3)
-    rows = decoder.finish()
+            decoder.receive_data(stream_id, memoryview(prefix), 1)
+            decoder.receive_gap(stream_id, 10, 2, True)
+            decoder.receive_end(stream_id, 3)
+    decoder.end_of_capture()
+    rows = rows_of(decoder)
     assert all(row["protocol"] in ("gloo", "tcpstore") for row in rows.messages)

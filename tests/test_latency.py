@@ -16,8 +16,8 @@ from dlcsniff.analysis.latency import (
     CONNECTION_COLUMNS, IN_FLIGHT_COLUMNS, PART_COLUMNS, REQUEST_COLUMNS, job_statistics, key_updates,
     request_latency, requests_in_flight, update_skew,
 )
-from dlcsniff.decoders.schema import write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS, require_tool
 from tests.groundtruth import load_job
 
@@ -27,7 +27,7 @@ TSHARK_FIELDS = ("tcp.stream", "frame.time_epoch", "ip.src", "tcp.srcport", "ip.
 
 
 def decoded(captures, out):
-    write_dataset(decode_paths(captures).tables, out)
+    write_decode_output(decode_paths(captures), out)
     return out
 
 

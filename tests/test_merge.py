@@ -3,18 +3,23 @@ the messages ps-lite itself logged at both ends; one node's capture alone; and s
 for the corner cases (a message one capture missed, repeats of one identity, an observer's capture)."""
 from __future__ import annotations
 
+import io
+
 import collections
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from dlcsniff.analysis import AnalysisError, write_job_view
+from dlcsniff.analysis import AnalysisError, load_job_view
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS
-from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view, load_job_view
+from dlcsniff.decoders.output import read_manifest
+from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view
 from dlcsniff.decoders.protocols import pslite
-from dlcsniff.decoders.schema import write_dataset
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.output import write_decode_output
+from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
 from tests.groundtruth import KEMPTY, load_job
 
@@ -66,10 +71,18 @@ def event_keys(events: pd.DataFrame) -> collections.Counter:
     return found
 
 
+def _job_inputs(decode_dir):
+    """What the timeline is computed from, read back from a decode output."""
+    from dlcsniff.analysis.load import read_columns
+    from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS
+    return (read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
+            read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
+
+
 @pytest.fixture(scope="module", params=JOBS)
 def job_and_view(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
-    write_dataset(decode_paths([PCAPS / request.param]).tables, out)
+    write_decode_output(decode_paths([PCAPS / request.param]), out)
     return load_job(PCAPS / request.param), load_job_view(out), out
 
 
@@ -112,21 +125,27 @@ def test_events_keep_the_observations_fields(job_and_view):
         assert (source[column].to_numpy() == events[column].to_numpy()).all(), column
 
 
-def test_write_job_view_writes_both_tables(job_and_view):
+def test_decode_output_writes_both_tables(job_and_view):
     _, view, decode_dir = job_and_view
-    summary = write_job_view(decode_dir)
+    summary = read_manifest(decode_dir)["job_view"]
     events = pd.read_parquet(decode_dir / "events.parquet")
     clocks = pd.read_parquet(decode_dir / "clocks.parquet")
     assert list(events.columns) == list(EVENT_COLUMNS) and list(clocks.columns) == list(CLOCK_COLUMNS)
     assert len(events) == summary["events"] == len(view.events)
-    assert summary["reference"] == "scheduler" and len(summary["clocks"]) == 5
-    pd.testing.assert_frame_equal(clocks, view.clocks, check_dtype=False)
+    assert summary["reference"] == "scheduler" and len(clocks) == 5
+    recomputed = job_view(*_job_inputs(decode_dir))
+    pd.testing.assert_frame_equal(clocks, recomputed.clocks, check_dtype=False)
+    # the events as written are the events recomputed from the tables (through Parquet: the same null types)
+    written = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(recomputed.events, preserve_index=False), written)
+    pd.testing.assert_frame_equal(events, pd.read_parquet(written))
+    assert summary["losses"] == recomputed.losses
 
 
 def test_one_capture_alone_merges_nothing(tmp_path):
     """worker0's capture only: each of its messages is one event, seen at one end (both for one to itself)."""
     job = load_job(PCAPS / "mxnet_async")
-    write_dataset(decode_paths([job.capture_path("worker0")]).tables, tmp_path)
+    write_decode_output(decode_paths([job.capture_path("worker0")]), tmp_path)
     view = load_job_view(tmp_path)
     messages = pd.read_parquet(tmp_path / "messages.parquet")
     events = view.events
@@ -241,8 +260,7 @@ def test_a_directory_that_is_no_decode_output_is_a_clear_error(tmp_path):
 
 def test_captures_without_pslite_merge_into_nothing(tmp_path):
     """The pyzmq job (no ps-lite): decode still gets its (empty) events and clocks tables."""
-    write_dataset(decode_paths([PCAPS / "zmq"]).tables, tmp_path)
-    summary = write_job_view(tmp_path)
+    summary = write_decode_output(decode_paths([PCAPS / "zmq"]), tmp_path)
     assert summary["events"] == 0 and summary["reference"] is None
     assert list(pd.read_parquet(tmp_path / "events.parquet").columns) == list(EVENT_COLUMNS)
     assert list(pd.read_parquet(tmp_path / "clocks.parquet").columns) == list(CLOCK_COLUMNS)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dlcsniff.decoders.protocols.nccl_socket import IDLE_GAP_NS, NcclSocketCaptureDecoder, collectives_from_transfers
-from dlcsniff.decoders.pipeline import decode_paths
+from dlcsniff.decoders.nccl_collectives import IDLE_GAP_NS, collectives_from_transfers
+from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
+from dlcsniff.decoders.job import decode_paths
 from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
 from tests.nccl_coll_gen import RingCapture, ring_capture, roce_ring_capture, split
-from tests.nccl_driver import run_decoders
+from tests.protocol_driver import run_decoders
 
 COMPUTE_GAP_US = 20_000          # generated idle time between operations: far above IDLE_GAP_NS
 

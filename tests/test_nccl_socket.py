@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder, line_protocol, task_sizes
-from tests.nccl_driver import run_decoder
+from dlcsniff.decoders.protocols.base import TcpDirection
+from tests.protocol_driver import rows_of, run_decoder
 from tests.nccl_gen import (ERA_HANDSHAKE, ERA_INLINE, ERA_NO_HANDSHAKE, ERAS, NCCL_SOCKET_MAGIC, NcclSender,
                             TcpCapture, ll128_buffer, ll_buffer, net_socket_capture)
 
@@ -80,7 +81,10 @@ def test_every_message_and_bootstrap_message_found(captures, era, nsocks):
     labels = {keys[sid][3]: extra["protocol"] for sid, extra in rows.streams.items()}
     assert 5201 not in labels                                   # the unrelated connection stays unclaimed
     assert (labels.get(40002) == "nccl_proxy") is (era != ERA_NO_HANDSHAKE)
-    magics = {extra["nccl_magic"] for extra in rows.streams.values() if extra["protocol"] == "nccl_socket"}
+    # the directions towards a listener carry the handshake (the answering directions are labelled from them)
+    listeners = {(c.receiver, c.listen_port) for c in capture.connections}
+    magics = {extra["nccl_magic"] for sid, extra in rows.streams.items()
+              if extra["protocol"] == "nccl_socket" and keys[sid][2:] in listeners}
     assert magics == ({None} if era == ERA_NO_HANDSHAKE else {f"{NCCL_SOCKET_MAGIC:#018x}"})
 
 
@@ -109,9 +113,9 @@ def test_the_simulation_deals_tasks_round_robin_across_messages(tmp_path):
 
 
 class _ByteByByte(NcclSocketCaptureDecoder):
-    def on_data(self, stream_id, data, ts_ns):
+    def receive_data(self, stream_id, data, ts_ns):
         for i in range(len(data)):
-            super().on_data(stream_id, data[i:i + 1], ts_ns)
+            super().receive_data(stream_id, data[i:i + 1], ts_ns)
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -173,7 +177,7 @@ def test_a_lost_control_header_stops_that_connection_with_a_reason(tmp_path):
 def test_other_protocols_are_not_claimed(prefix):
     decoder = NcclSocketCaptureDecoder()
     key = (bytes([198, 18, 0, 1]), 40000, bytes([198, 18, 0, 2]), 5000)
-    assert decoder.claim(1, key, True, prefix[:64]) is False
+    assert decoder.claim(TcpDirection(1, key, True), prefix[:64]) is False
 
 
 def test_line_protocol_needs_evidence():
@@ -198,12 +202,13 @@ def test_fuzz_random_streams_never_raise(chunks, start):
         key = (bytes([198, 18, 0, 1]), 40000 + stream_id, bytes([198, 18, 0, 2]), 5000 + stream_id % 2)
         if stream_id in claimed:
             if is_gap:
-                decoder.on_gap(stream_id, len(chunk) + 1, 5)
+                decoder.receive_gap(stream_id, len(chunk) + 1, 5, True)
             else:
-                decoder.on_data(stream_id, memoryview(chunk), 5)
+                decoder.receive_data(stream_id, memoryview(chunk), 5)
             continue
         prefixes[stream_id] = prefixes.get(stream_id, start + bytes([stream_id])) + chunk
-        if decoder.claim(stream_id, key, True, prefixes[stream_id][:64]):
+        if decoder.claim(TcpDirection(stream_id, key, True), prefixes[stream_id][:64]):
             claimed.add(stream_id)
-            decoder.on_data(stream_id, memoryview(prefixes[stream_id]), 5)
-    decoder.finish()
+            decoder.receive_data(stream_id, memoryview(prefixes[stream_id]), 5)
+    decoder.end_of_capture()
+    rows_of(decoder)

@@ -15,11 +15,12 @@ import pytest
 
 from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
 from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
-from dlcsniff.decoders.pipeline import build_dataset, decode_capture, decode_paths
+from dlcsniff.decoders.capture_decoder import decode_capture
+from dlcsniff.decoders.job import build_dataset, decode_paths
 from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
 from tests.conftest import PCAPS
-from tests.gloo_driver import run_capture_decoder
-from tests.nccl_driver import run_decoder
+from tests.protocol_driver import run_decoder
+from tests.protocol_driver import run_decoder
 from tests.nccl_gen import ERA_INLINE, net_socket_capture
 from tests.roce_gen import roce_capture
 
@@ -43,9 +44,8 @@ def _rows(messages: pd.DataFrame) -> list[dict]:
 
 def _assert_same(tables, path, decoder, protocols):
     """The pipeline's message rows (`tables`, decoded from `path`) are the decoder's own on that capture."""
-    alone, _ = (run_capture_decoder(decoder, path) if isinstance(decoder, GlooCaptureDecoder)
-                else run_decoder(path, decoder))
-    alone_rows = [{"protocol": decoder.protocol, **row} for row in alone.messages]
+    alone, _ = run_decoder(path, decoder)
+    alone_rows = [{"protocol": decoder.name, **row} for row in alone.messages]
     piped = _rows(tables["messages"].to_pandas())
     for protocol in protocols:
         expected = _multiset(alone_rows, protocol)
@@ -92,7 +92,7 @@ def test_gloo_through_the_pipeline(gloo_rank0):
     tables = decode_paths([gloo_rank0]).tables
     _assert_same(tables, gloo_rank0, GlooCaptureDecoder(), ["gloo"])
     collectives = tables["collectives"].to_pandas()
-    alone, _ = run_capture_decoder(GlooCaptureDecoder(), gloo_rank0)
+    alone, _ = run_decoder(gloo_rank0, GlooCaptureDecoder())
     assert len(collectives) == len(alone.collectives) > 0
     assert set(tables["streams"].to_pandas()["protocol"]) >= {"gloo", "tcpstore"}
 

@@ -26,7 +26,7 @@ from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
 from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
 from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
 from tests.conftest import require_tool
-from tests.nccl_driver import run_decoder, run_decoders
+from tests.protocol_driver import rows_of, run_decoder, run_decoders
 from tests.roce_gen import COUNTERS, CTS_LAYOUTS, NETWORKS, QP_A_SEND, QP_B_RECV, RETH, cts_entries, roce_capture
 
 MESSAGE_FIELDS = ("rdma_op", "size_bytes", "complete", "imm", "va", "rkey", "nccl_role", "nccl_tag", "nccl_fifo_idx",
@@ -152,9 +152,9 @@ def test_vlan_tags_and_ethernet_trailers_change_nothing(tmp_path, network):
 
 
 class _ByteByByte(RoceCaptureDecoder):
-    def on_data(self, stream_id, data, ts_ns):
+    def receive_data(self, stream_id, data, ts_ns):
         for i in range(len(data)):
-            super().on_data(stream_id, data[i:i + 1], ts_ns)
+            super().receive_data(stream_id, data[i:i + 1], ts_ns)
 
 
 def test_setup_connection_fed_byte_by_byte_or_whole_gives_the_same_rows(captures):
@@ -239,5 +239,6 @@ def test_fuzz_mutated_frames_never_raise(frames, data):
         for pos, value in data.draw(st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=6)):
             if frame:
                 frame[pos % len(frame)] = value
-        decoder.on_packet(Packet(1_700_000_000_000_000_000, linktype, bytes(frame), len(frame), 0))
-    decoder.finish()
+        decoder.receive_packet(Packet(1_700_000_000_000_000_000, linktype, bytes(frame), len(frame), 0))
+    decoder.end_of_capture()
+    rows_of(decoder)

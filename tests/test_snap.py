@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dlcsniff.decoders.protocols.zmtp import DEFAULT_KEPT_BODY_BYTES
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES, pslite
 from dlcsniff.sniffer import ebpf
 from lab.netns import Cluster
 from tests.conftest import require_root, require_tool
@@ -239,6 +239,13 @@ def test_a_filter_expression_keeps_whole_packets_and_says_why(captured):
 
 
 def test_the_cut_keeps_every_body_the_decoders_keep():
-    """The kernel cut and the ZMTP decoder's default body policy are defined apart (sniffer/ never imports
-    decoders/): a body the decoder keeps must never be cut."""
-    assert ebpf.SNAP_KEPT_BODY_BYTES >= DEFAULT_KEPT_BODY_BYTES
+    """The kernel cut and the decoders keep bodies by one rule (the registry's ZMTP_KEPT_BODIES): the
+    compiled filter gets both of its numbers, and ps-lite's keep_body follows it."""
+    flags = " ".join(ebpf.probe_cflags(netns=None, offsets={}))
+    assert f"-DSNAP_KEPT_FIRST_FRAMES={ZMTP_KEPT_BODIES.first_frames}" in flags
+    assert f"-DSNAP_KEPT_BODY_MAX={ZMTP_KEPT_BODIES.max_body_bytes}" in flags
+    keep = pslite.PsliteDecoder().keep_body
+    big = ZMTP_KEPT_BODIES.max_body_bytes + 1
+    assert keep(0, big) and keep(1, big)                      # routing id / meta and keys, whatever their size
+    assert not keep(ZMTP_KEPT_BODIES.first_frames, big)       # past them, nothing larger than the rule
+    assert keep(3, ZMTP_KEPT_BODIES.max_body_bytes)           # a lens frame within the rule

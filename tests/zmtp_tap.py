@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dlcsniff.decoders.protocols.zmtp import NEED_DATA, Command, Message, Resync, ZmtpDecoder
+from dlcsniff.decoders.protocols.zmtp import Command, Message, Resync, ZmtpDecoder
+from tests.protocol_driver import drain
 
 _RELAY_READ_BYTES = 1 << 16
 _JOIN_TIMEOUT_S = 20.0
@@ -154,13 +155,6 @@ def decode_with_invariants(segments: list, sizes: list[int], *, max_buffer: int 
     offsets = [ev.offset for ev in events if isinstance(ev, Resync)]
     assert offsets == sorted(offsets) and all(offset <= total for offset in offsets)
     assert sum(ev.lost_bytes for ev in events if isinstance(ev, Resync)) <= decoder.lost_bytes
-    return events
-
-
-def drain(decoder: ZmtpDecoder) -> list:
-    events = []
-    while (event := decoder.next_event()) is not NEED_DATA:
-        events.append(event)
     return events
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.errors import CaptureError, DecodeError
 
 CHUNK_BYTES = 4 << 20
 # No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length
@@ -66,10 +66,6 @@ _PCAP_RECORD = {e: struct.Struct(e + "IIII") for e in "<>"}          # ts_sec ts
 _PCAP_CAPLEN = {e: struct.Struct(e + "8xI") for e in "<>"}
 _EPB_FIELDS = {e: struct.Struct(e + "8xIIIII") for e in "<>"}        # if_id ts_high ts_low caplen orig_len
 _EPB_CHECKED = {e: struct.Struct(e + "III8xI") for e in "<>"}        # type length if_id caplen
-
-
-class CaptureError(DecodeError):
-    """The file cannot be read as a capture at all (missing, not a capture, unsupported variant)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,21 +13,16 @@ lists but the disk lacks) is decoded around and reported in `warnings`.
 """
 from __future__ import annotations
 
-import json
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dlcsniff.decoders.inputs.capture_file import CaptureError
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.formats import probe_events as ev
-
-CAPTURE_JSON = "capture.json"
-PCAP_RE = re.compile(r"capture-(\d{4})-(\d{5})\.pcap$")
-PROBES_RE = re.compile(r"probes-(\d{4})\.events$")
+from dlcsniff.decoders.inputs.flow_owners import attribute_flows
+from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, read_capture_json, set_files
 READ_CHUNK_BYTES = 1 << 20
 
 FLOW_COLUMNS = ["set", "family", "local_ip", "local_port", "remote_ip", "remote_port", "pid", "tid", "comm",
@@ -59,10 +54,6 @@ class CaptureDir:
     @property
     def captures(self) -> list[Path]:
         return [path for run in sorted(self.sets) for path in self.sets[run]]
-
-
-def is_capture_dir(path: Path) -> bool:
-    return (Path(path) / CAPTURE_JSON).is_file()
 
 
 def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
@@ -131,7 +122,7 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
         return processes[pid].cgroup if pid in processes else None
 
     snapshot = [item for item in items if isinstance(item, ev.SocketSnapshot)]
-    for flow in ev.attribute_flows((item for item in items if isinstance(item, ev.SockEvent)), snapshot):
+    for flow in attribute_flows((item for item in items if isinstance(item, ev.SockEvent)), snapshot):
         rows["flows"].append({
             "set": run, "family": flow.family, "local_ip": flow.local_ip, "local_port": flow.local_port,
             "remote_ip": flow.remote_ip, "remote_port": flow.remote_port, "pid": flow.tgid, "tid": flow.tid,
@@ -159,14 +150,9 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
 
 
 def load_capture_dir(path: Path) -> CaptureDir:
-    """Read a daemon's directory. Raises CaptureError when it is not one."""
+    """Read a daemon's directory, its probe files included. Raises CaptureError when it is not one."""
     path = Path(path)
-    try:
-        info = json.loads((path / CAPTURE_JSON).read_text())
-    except FileNotFoundError:
-        raise CaptureError(f"{path}: no {CAPTURE_JSON}: not a dlcsniff capture directory") from None
-    except (OSError, ValueError) as exc:
-        raise CaptureError(f"{path / CAPTURE_JSON}: unreadable ({exc})") from None
+    info = read_capture_json(path)
     warnings: list[str] = []
     on_disk = {entry.name for entry in path.iterdir() if entry.is_file()}
     listed = {item.get("name") for item in info.get("files", [])}
@@ -174,13 +160,7 @@ def load_capture_dir(path: Path) -> CaptureDir:
     for run in info.get("runs", []):
         if (run.get("stop_reason") or "").startswith("killed"):
             warnings.append(f"set {run['set']}: {run['stop_reason']}; its counts in {CAPTURE_JSON} may be short")
-    sets: dict[int, list[tuple[int, Path]]] = defaultdict(list)
-    probe_files: dict[int, Path] = {}
-    for name in on_disk:
-        if found := PCAP_RE.match(name):
-            sets[int(found.group(1))].append((int(found.group(2)), path / name))
-        elif found := PROBES_RE.match(name):
-            probe_files[int(found.group(1))] = path / name
+    sets, probe_files = set_files(path)
     rows: dict[str, list] = defaultdict(list)
     for run, probe_path in sorted(probe_files.items()):
         items = _read_probe_file(probe_path, warnings)
@@ -189,8 +169,7 @@ def load_capture_dir(path: Path) -> CaptureDir:
         except DecodeError as exc:
             warnings.append(f"{probe_path.name}: events not usable: {exc}")
     return CaptureDir(
-        path=path, info=info,
-        sets={run: [file for _, file in sorted(files)] for run, files in sorted(sets.items())},
+        path=path, info=info, sets=sets,
         flows=_frame(rows["flows"], FLOW_COLUMNS), zmq_events=_frame(rows["zmq"], ZMQ_COLUMNS),
         nccl_events=_frame(rows["nccl"], NCCL_COLUMNS), processes=_frame(rows["processes"], PROCESS_COLUMNS),
         libraries=_frame(rows["libraries"], LIBRARY_COLUMNS), warnings=warnings)

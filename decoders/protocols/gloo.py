@@ -15,25 +15,28 @@ Wire format (gloo/transport/tcp: pair.h, pair.cc, device.cc; checked on captures
   "<group prefix>/<rank>" to its Rank record (`parse_rank_record`): host name, listening sockaddr, and one
   pair identifier per peer rank. That maps listening addresses and connect sequence numbers to ranks.
 
-`GlooStreamDecoder` reads one direction: bytes in, events out (`PairConnect`, `GlooMessage`, `Resync`).
+`GlooStreamDecoder` reads one direction: bytes in, events out (`next_event`: `PairConnect`, `GlooMessage`,
+`Resync`, then NEED_DATA).
 Payloads are counted, never copied. Bytes the capture lost inside a payload only make that message
 incomplete; lost bytes that hit a preamble make the decoder scan forward for the next plausible preamble.
 
-`GlooCaptureDecoder` is the capture-level decoder the pipeline drives (claim / on_data / on_gap / on_end /
-finish): it claims Gloo pairs and TCPStore connections, resolves ranks from the rendezvous, and returns
-message, stream and collective rows (`decoders.rows.CaptureRows`).
+`GlooCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base): it claims
+Gloo pairs and TCPStore connections, resolves ranks from the rendezvous at the end of the capture, and hands
+back message, stream and collective rows.
 """
 from __future__ import annotations
 
 import enum
 import re
 import struct
+from collections import deque
 from dataclasses import dataclass, field
 
 from dlcsniff.decoders.protocols import tcpstore
-from dlcsniff.decoders.errors import DecodeError, Resync
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.sansio import NEED_DATA, Resync
 from dlcsniff.decoders.packet import ip_to_str
-from dlcsniff.decoders.protocols.base import CaptureRows, frame_rows
+from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection, frame_rows
 from dlcsniff.decoders.tcp import StreamKey
 
 PREAMBLE = struct.Struct("<6Q")          # nbytes opcode slot offset length roffset
@@ -184,12 +187,13 @@ class GlooStreamDecoder:
         self._remaining = 0                  # payload bytes of the current message still to come
         self._missing = 0                    # payload bytes of the current message the capture lost
         self._state = _State.SEQUENCE if initiator else _State.PREAMBLE
+        self._events: deque[GlooEvent] = deque()
         if midstream:
             self._lose_sync("capture started mid-connection", 0)
 
     # -- input ------------------------------------------------------------------------------------
-    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> list[GlooEvent]:
-        events: list[GlooEvent] = []
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        events = self._events
         view = data if data.__class__ is memoryview else memoryview(data)
         pos, end = 0, len(view)
         while pos < end:
@@ -207,11 +211,10 @@ class GlooStreamDecoder:
                 pos = self._read_sequence(view, pos, ts_ns, events)
             else:
                 pos = self._scan(view, pos, ts_ns, events)
-        return events
 
-    def receive_gap(self, size: int, ts_ns: int) -> list[GlooEvent]:
+    def receive_gap(self, size: int, ts_ns: int) -> None:
         """`size` stream bytes the capture never saw."""
-        events: list[GlooEvent] = []
+        events = self._events
         self.offset += size
         if self._state is _State.PAYLOAD:
             covered = min(size, self._remaining)
@@ -222,22 +225,24 @@ class GlooStreamDecoder:
                 events.append(self._message_done(ts_ns))
         if size:
             self._lose_sync(f"{size} bytes lost where a header was due", size)
-        return events
 
-    def receive_end(self, ts_ns: int) -> list[GlooEvent]:
+    def receive_end(self, ts_ns: int) -> None:
         """The stream ended: a message cut short is reported incomplete, undecoded bytes as lost."""
         if self._state is _State.PAYLOAD:
             self._missing += self._remaining
             self._remaining = 0
-            return [self._message_done(ts_ns)]
+            self._events.append(self._message_done(ts_ns))
+            return
         self.lost_bytes += len(self._header) + len(self._scan_tail) + self._unsynced_bytes
         self._header.clear()
         self._scan_tail = b""
         self._unsynced_bytes = 0
-        return []
+
+    def next_event(self) -> GlooEvent | type(NEED_DATA):
+        return self._events.popleft() if self._events else NEED_DATA
 
     # -- states -----------------------------------------------------------------------------------
-    def _read_sequence(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+    def _read_sequence(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
         taken = min(CONNECT_SEQUENCE.size - len(self._header), len(view) - pos)
         self._header += view[pos:pos + taken]
         self.offset += taken
@@ -252,7 +257,7 @@ class GlooStreamDecoder:
                 self._lose_sync(f"connect sequence number {sequence_number} out of range", 0, header)
         return pos + taken
 
-    def _read_preamble(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+    def _read_preamble(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
         if not self._header:
             self._message_ts_ns = ts_ns
             if len(view) - pos >= PREAMBLE_BYTES:     # the common case: the whole preamble in this chunk
@@ -268,7 +273,7 @@ class GlooStreamDecoder:
             self._start_message(header, ts_ns, events)
         return pos + taken
 
-    def _start_message(self, header: bytes | memoryview, ts_ns: int, events: list) -> None:
+    def _start_message(self, header: bytes | memoryview, ts_ns: int, events: deque) -> None:
         """A preamble's 48 bytes, just counted in `offset`."""
         try:
             preamble = parse_preamble(header)
@@ -303,7 +308,7 @@ class GlooStreamDecoder:
         self._scan_tail = scan_from
         self._state = _State.RESYNC
 
-    def _scan(self, view: memoryview, pos: int, ts_ns: int, events: list) -> int:
+    def _scan(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
         """Look for a preamble in the held bytes followed by view[pos:]."""
         tail = self._scan_tail
         window = tail + bytes(view[pos:])
@@ -443,7 +448,7 @@ class _Pair:
     ranks: dict[Endpoint, int]
 
 
-class GlooCaptureDecoder:
+class GlooCaptureDecoder(ProtocolDecoderBase):
     """Gloo pair connections and the TCPStore rendezvous of one capture file (sans-IO; see module doc).
 
     Message rows: protocol "gloo" (one per Gloo message) and "tcpstore" (one per store query with its
@@ -451,17 +456,19 @@ class GlooCaptureDecoder:
     null and the capturing node is the address common to all its Gloo connections.
     """
 
-    protocol = "gloo"
+    name = "gloo"
 
     def __init__(self):
+        super().__init__()
         self._gloo: dict[int, _GlooStream] = {}
         self._store: dict[int, tuple[_StoreConnection, bool]] = {}     # stream -> connection, is the client
         self._store_clients: dict[StreamKey, _StoreConnection] = {}
         self._store_rows: list[dict] = []
         self._records: dict[tuple[str, int], RankRecord] = {}
 
-    # -- the pipeline's interface -----------------------------------------------------------------
-    def claim(self, stream_id: int, key: StreamKey, syn_seen: bool, prefix: bytes) -> bool | None:
+    # -- decoders.protocols.base API --------------------------------------------------------------
+    def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
+        stream_id, key, syn_seen = direction.stream_id, direction.key, direction.syn_seen
         prefix = bytes(prefix)
         connection = self._store_clients.get((key[2], key[3], key[0], key[1]))
         if connection is not None:                    # the store's answers to a client already claimed
@@ -483,39 +490,49 @@ class GlooCaptureDecoder:
         self._gloo[stream_id] = _GlooStream(key, role, decoder)
         return True
 
-    def on_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
+    def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
         stream = self._gloo.get(stream_id)
         if stream is not None:
-            self._take_gloo_events(stream, stream.decoder.receive_data(data, ts_ns))
+            stream.decoder.receive_data(data, ts_ns)
+            self._take_gloo_events(stream)
             return
         connection, is_client = self._store[stream_id]
         decoder = connection.decoder
         receive = decoder.receive_request_data if is_client else decoder.receive_response_data
-        self._take_exchanges(connection.client_stream_id, receive(data, ts_ns))
+        receive(data, ts_ns)
+        self._take_exchanges(connection)
 
-    def on_gap(self, stream_id: int, size: int, ts_ns: int) -> None:
+    def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None:
         stream = self._gloo.get(stream_id)
         if stream is not None:
-            self._take_gloo_events(stream, stream.decoder.receive_gap(size, ts_ns))
+            stream.decoder.receive_gap(size, ts_ns)
+            self._take_gloo_events(stream)
             return
         connection, _ = self._store[stream_id]
-        self._take_exchanges(connection.client_stream_id, connection.decoder.receive_gap(size, ts_ns))
+        connection.decoder.receive_gap(size, ts_ns)
+        self._take_exchanges(connection)
 
-    def on_end(self, stream_id: int, ts_ns: int) -> None:
+    def receive_end(self, stream_id: int, ts_ns: int) -> None:
         stream = self._gloo.get(stream_id)
         if stream is not None:
-            self._take_gloo_events(stream, stream.decoder.receive_end(ts_ns))
+            stream.decoder.receive_end(ts_ns)
+            self._take_gloo_events(stream)
             return
         connection, _ = self._store[stream_id]
         connection.open_directions -= 1
         if not connection.open_directions:
-            self._take_exchanges(connection.client_stream_id, connection.decoder.receive_end(ts_ns))
+            connection.decoder.receive_end(ts_ns)
+            self._take_exchanges(connection)
 
-    def finish(self) -> CaptureRows:
+    def end_of_capture(self) -> None:
+        self._emit_rows(self._rows())
+
+    def _rows(self) -> CaptureRows:
         for connection in self._store_clients.values():
             if connection.open_directions:
                 connection.open_directions = 0
-                self._take_exchanges(connection.client_stream_id, connection.decoder.receive_end(0))
+                connection.decoder.receive_end(0)
+                self._take_exchanges(connection)
         pairs = self._resolve_pairs()
         local_rank, local_ip = self._local_node(pairs)
         rows = CaptureRows()
@@ -574,8 +591,8 @@ class GlooCaptureDecoder:
         return None if _could_be_sequence_or_preamble(prefix) else False
 
     @staticmethod
-    def _take_gloo_events(stream: _GlooStream, events: list[GlooEvent]) -> None:
-        for event in events:
+    def _take_gloo_events(stream: _GlooStream) -> None:
+        while (event := stream.decoder.next_event()) is not NEED_DATA:
             if event.__class__ is GlooMessage:
                 stream.messages.append(event)
             elif event.__class__ is PairConnect:
@@ -659,8 +676,9 @@ class GlooCaptureDecoder:
         return sum(1 for pair in pairs.values() if pair.group == group) + 1
 
     # -- TCPStore ---------------------------------------------------------------------------------
-    def _take_exchanges(self, stream_id: int, exchanges: list[tcpstore.StoreExchange]) -> None:
-        for exchange in exchanges:
+    def _take_exchanges(self, connection: _StoreConnection) -> None:
+        stream_id = connection.client_stream_id
+        while (exchange := connection.decoder.next_event()) is not NEED_DATA:
             request, response = exchange.request, exchange.response
             for key, value in _key_values(exchange):
                 group_rank = split_rank_key(key)

@@ -23,19 +23,9 @@ Whether a capture comes from before 2.27 (no inline payloads) cannot be read fro
 sockets, the first message of at most 128 bytes forks two hypotheses, fed the same bytes, and the one whose
 control and data sockets agree at the end is kept.
 
-`NcclSocketCaptureDecoder` is the capture-level decoder the pipeline drives (claim / on_data / on_gap /
-on_end / finish). It keeps no payload beyond the first bytes of each message (for the LL/LL128 test).
+`NcclSocketCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base). It keeps no payload beyond the first bytes of each message (for the LL/LL128 test).
 
-Collectives (`collectives_from_transfers`, shared with decoders.roce) are INFERRED: NCCL puts no collective
-kind, sequence number or rank on its data path. A node is an IP address (ranks sharing one, on loopback or
-behind one NIC, are merged). Each node's transfers, sent and received, over all its NCCL connections, are
-cut into operations wherever the node's traffic pauses for more than `idle_gap_ns`; operations closer
-together than that merge into one. Only nodes seen both sending and receiving are segmented (a node seen
-from a neighbour's capture shows only part of its traffic). An operation that sends about as much as it
-receives is taken for a ring all-reduce (Simple protocol: 2(k-1) chunks of N/k per rank each way), so
-tensor_bytes = sent * k / (2(k-1)); volume alone cannot tell it from a ring all-gather, reduce-scatter or a
-middle rank of a ring broadcast. Anything else is kind "unknown". k is the number of nodes in the capture
-unless given.
+Collectives are inferred from the transfers by decoders.nccl_collectives (shared with decoders.protocols.roce).
 """
 from __future__ import annotations
 
@@ -43,18 +33,15 @@ import collections
 import copy
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from dlcsniff.decoders.nccl_collectives import IDLE_GAP_NS, collective_rows
 from dlcsniff.decoders.packet import ip_to_str
-from dlcsniff.decoders.protocols.base import CaptureRows, frame_rows
-
-if TYPE_CHECKING:
-    import pandas as pd
+from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
 
 NCCL_SOCKET_MAGIC = 0x564AB9F2FC4B9D6C     # net transports' handshake magic (src/include/socket.h)
 NCCL_COMM_ID_MAGIC = 0x0280028002800280    # communicators created through NCCL_COMM_ID (src/include/comm.h)
 SOCKET_TYPES = {1: "bootstrap", 2: "proxy", 3: "net_socket", 4: "net_ib", 5: "ras"}
-TYPE_BOOTSTRAP, TYPE_PROXY, TYPE_NET_SOCKET, TYPE_RAS = 1, 2, 3, 5   # 4 (net-IB set-up): decoders.roce
+TYPE_BOOTSTRAP, TYPE_PROXY, TYPE_NET_SOCKET, TYPE_RAS = 1, 2, 3, 5   # 4 (net-IB set-up): decoders.protocols.roce
 MAX_SOCKETS = 64                 # net_socket.cc MAX_SOCKETS: highest index a connection can announce
 MIN_TASK_BYTES = 64 << 10        # NCCL_SOCKET_MIN_TASKSIZE default
 INLINE_MAX_BYTES = 128           # NCCL_SOCKET_INLINE default (2.27+)
@@ -64,11 +51,6 @@ MAX_RANK = 1 << 24
 # in what would be a control socket's first bytes means it is not one.
 MAX_LEGACY_MESSAGE_BYTES = 1 << 28
 SAMPLE_BYTES = 256               # payload bytes kept per message to recognise LL / LL128 lines
-# Silence on all of a node's NCCL connections that ends an operation. A ring step waits only for the
-# neighbour's previous step (microseconds on a network), while operations are separated by computation.
-IDLE_GAP_NS = 1_000_000
-# |sent - received| within this fraction of the larger: a ring all-reduce (chunks differ by rounding only).
-RING_BALANCE = 0.05
 
 HANDSHAKE = struct.Struct("<Qi")   # u64 magic, i32 ncclSocketType
 HANDSHAKE_BYTES = HANDSHAKE.size
@@ -385,17 +367,17 @@ class _Stream:
     bootstrap: _BootstrapConnection | None = None
 
 
-class NcclSocketCaptureDecoder:
+class NcclSocketCaptureDecoder(ProtocolDecoderBase):
     """NCCL's TCP connections in one capture: net-socket transfers, bootstrap messages, proxy / RAS labels.
 
-    Drive it as the pipeline does: `claim` each new TCP direction with its first bytes, then `on_data` /
-    `on_gap` / `on_end` from stream offset 0 for the claimed ones, then `finish`. `idle_gap_ns` and
-    `world_size` steer the collectives' inference (`collectives_from_transfers`).
+    A protocol decoder (decoders.protocols.base); `idle_gap_ns` and `world_size` steer the collectives'
+    inference (`collectives_from_transfers`).
     """
 
-    protocol = "nccl_socket"
+    name = "nccl_socket"
 
     def __init__(self, *, idle_gap_ns: int = IDLE_GAP_NS, world_size: int | None = None):
+        super().__init__()
         self.idle_gap_ns = idle_gap_ns
         self.world_size = world_size
         self._streams: dict[int, _Stream] = {}
@@ -406,7 +388,8 @@ class NcclSocketCaptureDecoder:
         self._all_connections: list[_NetSocketConnection] = []
 
     # -- claiming ------------------------------------------------------------------------------------
-    def claim(self, stream_id: int, key: tuple, syn_seen: bool, prefix: bytes) -> bool | None:
+    def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
+        stream_id, key, syn_seen = direction.stream_id, direction.key, direction.syn_seen
         src, sport, dst, dport = key
         reverse = self._labels.get((dst, dport, src, sport))
         if reverse is not None:           # the other direction of a connection already claimed
@@ -509,13 +492,13 @@ class NcclSocketCaptureDecoder:
         return conn
 
     # -- stream events -------------------------------------------------------------------------------
-    def on_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
+    def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
         self._deliver(stream_id, data, len(data), ts_ns)
 
-    def on_gap(self, stream_id: int, size: int, ts_ns: int) -> None:
+    def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None:
         self._deliver(stream_id, None, size, ts_ns)
 
-    def on_end(self, stream_id: int, ts_ns: int) -> None:
+    def receive_end(self, stream_id: int, ts_ns: int) -> None:
         """Nothing to flush: messages cut short by the end stay incomplete."""
 
     def _deliver(self, stream_id: int, view: memoryview | None, nbytes: int, ts_ns: int) -> None:
@@ -543,7 +526,10 @@ class NcclSocketCaptureDecoder:
             conn.data(st.index, view, nbytes, ts_ns)
 
     # -- results -------------------------------------------------------------------------------------
-    def finish(self) -> CaptureRows:
+    def end_of_capture(self) -> None:
+        self._emit_rows(self._rows())
+
+    def _rows(self) -> CaptureRows:
         messages: list[dict] = []
         streams: dict[int, dict] = {}
         for stream_id, st in self._streams.items():
@@ -583,7 +569,7 @@ class NcclSocketCaptureDecoder:
                                  "nccl_proto": proto, "payload_bytes": data_bytes})
                 transfers.append({"sender": conn.sender, "receiver": conn.receiver, "sender_rank": None,
                                   "receiver_rank": None, **{name: messages[-1][name] for name in _TRANSFER_COLUMNS}})
-        collectives = collective_rows(transfers, protocol=self.protocol, idle_gap_ns=self.idle_gap_ns,
+        collectives = collective_rows(transfers, protocol=self.name, idle_gap_ns=self.idle_gap_ns,
                                       world_size=self.world_size)
         return CaptureRows(messages=messages, streams=streams, extra_streams=[], collectives=collectives)
 
@@ -598,65 +584,3 @@ def _looks_like_control(prefix: bytes, nsocks: int) -> bool:
             return False
         pos += 4 + (size if nsocks == 0 else 0)
     return True
-
-
-# -- collectives (inferred) -----------------------------------------------------------------------------
-
-def collectives_from_transfers(transfers: pd.DataFrame, *, protocol: str, idle_gap_ns: int = IDLE_GAP_NS,
-                               world_size: int | None = None) -> pd.DataFrame:
-    """Operations inferred from NCCL data transfers (see the module docstring): one row per operation per
-    node, decoders.collectives.COLUMNS plus `local_address` (the node).
-
-    `transfers`: one row per transfer with `sender`, `receiver` (node addresses), `sender_rank`,
-    `receiver_rank` (null when unknown), `ts_first_ns`, `ts_last_ns`, `size_bytes`, `payload_bytes` (null:
-    taken as `size_bytes`) and `complete`.
-    """
-    # pandas only where there is NCCL traffic: the decoders stay quick to import for the others
-    import numpy as np
-    import pandas as pd
-
-    from dlcsniff.decoders.collective_ops import COLUMNS, collectives_from_messages
-
-    columns = [*COLUMNS, "local_address"]
-    # A node's rank, wherever one of its transfers names it (RoCE: a CTS tag names only the sender).
-    named = pd.concat([transfers[["sender", "sender_rank"]].set_axis(["node", "rank"], axis=1),
-                       transfers[["receiver", "receiver_rank"]].set_axis(["node", "rank"], axis=1)])
-    named = named.dropna().drop_duplicates().drop_duplicates("node", keep=False)
-    rank_of = dict(zip(named["node"], named["rank"].astype("int64")))
-    transfers = transfers.assign(sender_rank=transfers["sender"].map(rank_of).astype("Int64"),
-                                 receiver_rank=transfers["receiver"].map(rank_of).astype("Int64"))
-    nodes = pd.concat([transfers["sender"], transfers["receiver"]]).nunique()
-    k = world_size if world_size is not None else nodes
-    views = pd.concat([
-        transfers.assign(node=transfers["sender"], local_rank=transfers["sender_rank"],
-                         peer_rank=transfers["receiver_rank"], outgoing=True),
-        transfers.assign(node=transfers["receiver"], local_rank=transfers["receiver_rank"],
-                         peer_rank=transfers["sender_rank"], outgoing=False)], ignore_index=True)
-    directions = views.groupby("node")["outgoing"].nunique()
-    views = views[views["node"].isin(directions.index[directions == 2])]
-    if views.empty or k < 2:
-        return pd.DataFrame({name: pd.Series(dtype="object") for name in columns})
-    views = views.sort_values(["node", "ts_first_ns"], kind="stable")
-    end_so_far_ns = views.groupby("node", sort=False)["ts_last_ns"].cummax()
-    previous_end_ns = end_so_far_ns.groupby(views["node"], sort=False).shift()
-    starts = previous_end_ns.isna() | (views["ts_first_ns"] - previous_end_ns > idle_gap_ns)
-    seq = starts.astype("int64").groupby(views["node"], sort=False).cumsum() - 1
-    payload = views["payload_bytes"].astype("Int64").fillna(views["size_bytes"].astype("Int64"))
-    operation = [views["node"], seq]
-    sent = payload.where(views["outgoing"], 0).groupby(operation).transform("sum")
-    received = payload.where(~views["outgoing"], 0).groupby(operation).transform("sum")
-    ring = (sent > 0) & (received > 0) & ((sent - received).abs() <= RING_BALANCE * np.maximum(sent, received))
-    messages = views.assign(protocol=protocol, collective=np.where(ring, "all_reduce", "unknown"), seq=seq,
-                            algorithm=np.where(ring, "ring", None), tag=None, world_size=k, payload_bytes=payload)
-    out = [collectives_from_messages(group).assign(local_address=node)
-           for node, group in messages.groupby("node", sort=False)]
-    return pd.concat(out, ignore_index=True)[columns]
-
-
-def collective_rows(transfers: list[dict], *, protocol: str, idle_gap_ns: int, world_size: int | None) -> list[dict]:
-    """`collectives_from_transfers` as CaptureRows.collectives rows (none without transfers)."""
-    if not transfers:
-        return []
-    import pandas as pd
-    return frame_rows(collectives_from_transfers(pd.DataFrame(transfers), protocol=protocol,
-                                                 idle_gap_ns=idle_gap_ns, world_size=world_size))

@@ -22,8 +22,11 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
+from dlcsniff.decoders.protocols.base import Count, ProtocolDecoderBase, Row, StreamColumns, TcpDirection
 from dlcsniff.decoders.protocols.pslite_meta import PBMeta
-from dlcsniff.decoders.protocols.zmtp import DEFAULT_KEPT_BODY_BYTES
+from dlcsniff.decoders.protocols.zmtp import Command, Message, ZmtpDecoder
+from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed
 
 K_EMPTY = 2**31 - 1                  # ps-lite's Meta::kEmpty / Node::kEmpty: an unset id, head, timestamp...
 PS_MAX_KEY = 2**64 - 1               # ps-lite base.h kMaxKey
@@ -333,9 +336,6 @@ def node_role(node_id: int | None) -> str | None:
     return "server" if node_id % 2 == 0 else "worker"
 
 
-role_of_id = node_role   # the name decoders.pipeline uses
-
-
 def server_rank(node_id: int) -> int:
     if node_role(node_id) != "server":
         raise ValueError(f"node id {node_id} is not a server id (even, >= 8)")
@@ -392,15 +392,15 @@ class PsliteDecoder:
 
     def keep_body(self, frame_index: int, size: int) -> bool:
         """For ZmtpDecoder: keep the routing frame, the meta, the keys and the lens frame; never the values.
-        Past a message's first two frames, bodies over DEFAULT_KEPT_BODY_BYTES are not kept either (a lens
-        frame that large lists over 8,000 keys): the capture daemon's in-kernel cut follows the same rule
+        Past a message's first two frames, bodies over ZMTP_KEPT_BODIES.max_body_bytes are not kept either (a
+        lens frame that large lists over 8,000 keys): the capture daemon's in-kernel cut follows the same rule
         (sniffer/probes/zmtp_snap.c), so a capture it cut decodes as a whole one does.
 
         Called for the frames of a message in order, before their bodies arrive."""
         if frame_index == 0:
             self._first_frame_size = size
             return True
-        if frame_index >= 2 and size > DEFAULT_KEPT_BODY_BYTES:
+        if frame_index >= ZMTP_KEPT_BODIES.first_frames and size > ZMTP_KEPT_BODIES.max_body_bytes:
             return False
         routed = self.routed
         if routed is None:
@@ -454,3 +454,170 @@ class PsliteDecoder:
             routing_id=routing_id,
             complete=complete,
         )
+
+
+# -- the capture decoder: ZMTP directions → ZMTP and ps-lite rows -------------------------------------------
+
+_ZMTP_GREETING_SIGNATURE_END = 0x7F
+
+
+def _zmtp_signature(prefix: bytes) -> bool | None:
+    """ZMTP 2.0/3.x greeting signature (0xFF, 8 padding bytes, 0x7F): True/False, None while unknown."""
+    if not prefix:
+        return None
+    if prefix[0] != 0xFF:
+        return False
+    return None if len(prefix) < 10 else prefix[9] == _ZMTP_GREETING_SIGNATURE_END
+
+
+def _looks_like_zmtp10(prefix: bytes) -> bool:
+    """ZMTP 1.0 (or its long form): a short identity frame `len flags` with flags 0, or 0xFF + 8-byte
+    length. Weak on its own: asked only once no other decoder claimed the stream."""
+    if len(prefix) >= 10 and prefix[0] == 0xFF:
+        return (prefix[9] & 0x01) == 0
+    return len(prefix) >= 2 and prefix[1] == 0 and len(prefix) >= prefix[0] + 1 and prefix[0] >= 1
+
+
+@dataclass(slots=True)
+class _ZmtpStream:
+    """A TCP direction read as ZMTP, and the ps-lite decoding of its messages."""
+    zmtp: ZmtpDecoder
+    ps: PsliteDecoder
+    is_pslite: bool | None = None       # None: undecided, until the first message
+    decode_error: str | None = None
+    announced: bool = False             # it sent an ADD_NODE request (a pslite_announced row)
+
+
+class PsliteCaptureDecoder(ProtocolDecoderBase):
+    """ZMTP streams of a capture and the ps-lite messages they carry (decoders.protocols.base API).
+
+    Rows: `zmtp` (every ZMTP message and command), `messages` (ps-lite messages, protocol "pslite"), stream
+    columns (ZMTP version, mechanism, socket type, identity...), and two capture-level tables the job-wide
+    resolution reads: `pslite_nodes` (node id, role, host, port from ADD_NODE replies) and `pslite_announced`
+    (the (host, port) a stream's ADD_NODE request announced)."""
+
+    name = "pslite"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._streams: dict[int, _ZmtpStream] = {}
+
+    # -- claims ---------------------------------------------------------------------------------------
+    def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
+        signature = _zmtp_signature(prefix)
+        if signature is None:
+            return None
+        if signature and direction.syn_seen:
+            self._start(direction.stream_id, midstream=False)
+            return True
+        return False
+
+    def claim_fallback(self, direction: TcpDirection, prefix: bytes, seen_data: bool) -> bool:
+        """A direction nobody claimed: ZMTP found by resynchronisation when its start is not in the capture
+        (the ps-lite meta validator vouches for the frames it lands on), or ZMTP 1.0 by its identity frame."""
+        if not direction.syn_seen or not seen_data:
+            self._start(direction.stream_id, midstream=True)
+            return True
+        if _looks_like_zmtp10(prefix):
+            self._start(direction.stream_id, midstream=False)
+            return True
+        return False
+
+    def _start(self, stream_id: int, *, midstream: bool) -> None:
+        ps = PsliteDecoder()
+        zmtp = ZmtpDecoder(keep_body=ps.keep_body, midstream=midstream, frame_validator=looks_like_meta)
+        self._streams[stream_id] = _ZmtpStream(zmtp, ps)
+
+    # -- input ----------------------------------------------------------------------------------------
+    def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
+        st = self._streams[stream_id]
+        st.zmtp.receive_data(data, ts_ns)
+        self._drain(stream_id, st)
+
+    def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None:
+        st = self._streams[stream_id]
+        st.zmtp.receive_gap(size, ts_ns, lost=lost)
+        self._drain(stream_id, st)
+
+    def receive_end(self, stream_id: int, ts_ns: int) -> None:
+        st = self._streams[stream_id]
+        st.zmtp.receive_data(b"", ts_ns)
+        self._drain(stream_id, st)
+
+    def skippable_bytes(self, stream_id: int) -> int:
+        return self._streams[stream_id].zmtp.skippable_bytes()
+
+    def skip(self, stream_id: int, size: int, ts_ns: int) -> None:
+        self._streams[stream_id].zmtp.skip(size, ts_ns)
+
+    def end_of_capture(self) -> None:
+        for stream_id, st in self._streams.items():
+            st.zmtp.receive_data(b"", 0)
+            self._drain(stream_id, st)
+            self._emit(StreamColumns(stream_id, self._stream_columns(st)))
+
+    # -- ZMTP events ----------------------------------------------------------------------------------
+    def _drain(self, stream_id: int, st: _ZmtpStream) -> None:
+        dec = st.zmtp
+        while (ev := dec.next_event()) is not NEED_DATA:
+            if isinstance(ev, Message):
+                self._zmtp_row(stream_id, ev, None)
+                self._on_message(stream_id, st, ev)
+            elif isinstance(ev, Command):
+                self._zmtp_row(stream_id, ev, ev.name)
+            elif isinstance(ev, DecodeFailed):
+                st.decode_error = f"offset {ev.offset}: {ev.reason}"
+            # Greeting, Resync: visible through the decoder's state (version, lost_bytes, resyncs)
+
+    def _zmtp_row(self, stream_id: int, ev: Message | Command, command: str | None) -> None:
+        self._emit(Row("zmtp", {
+            "stream_id": stream_id, "ts_first_ns": ev.ts_first_ns, "ts_last_ns": ev.ts_last_ns, "command": command,
+            "frame_sizes": list(ev.frame_sizes) if command is None else [ev.size_bytes],
+            "size_bytes": sum(ev.frame_sizes) if command is None else ev.size_bytes, "complete": ev.complete}))
+
+    def _on_message(self, stream_id: int, st: _ZmtpStream, ev: Message) -> None:
+        if st.is_pslite is False:
+            return
+        try:
+            msg = st.ps.decode(ev.frame_sizes, ev.frames, ev.complete)
+        except DecodeError:
+            if st.is_pslite is None and ev.complete:
+                st.is_pslite = False        # a ZMTP stream, but not ps-lite
+            else:
+                self._emit(Count("undecoded_messages", 1))
+            return
+        st.is_pslite = True
+        meta = msg.meta
+        if meta.control_cmd == ADD_NODE:
+            if meta.request or any(n.id is None for n in meta.nodes):
+                for node in meta.nodes:
+                    self._emit(Row("pslite_announced", {"stream_id": stream_id, "hostname": node.hostname,
+                                                        "port": node.port}))
+            else:
+                for node in meta.nodes:
+                    self._emit(Row("pslite_nodes", {"node_id": node.id, "role": node.role,
+                                                    "hostname": node.hostname, "port": node.port}))
+        self._emit(Row("messages", {
+            "stream_id": stream_id, "ts_first_ns": ev.ts_first_ns, "ts_last_ns": ev.ts_last_ns,
+            "request": meta.request, "push": meta.push, "pull": meta.pull, "simple_app": meta.simple_app,
+            "ps_timestamp": meta.timestamp, "head": meta.head, "app_id": meta.app_id,
+            "customer_id": meta.customer_id, "control_cmd": meta.control_cmd,
+            "data_sizes": list(msg.data_sizes), "size_bytes": msg.size_bytes, "keys": list(msg.keys),
+            "lens": list(msg.lens) if msg.lens is not None else None, "complete": msg.complete,
+            "meta_bytes": ev.frame_sizes[1 if msg.routing_id is not None else 0],
+            "barrier_group": meta.barrier_group, "flavor": meta.flavor, "protocol": "pslite",
+        }))
+
+    @staticmethod
+    def _stream_columns(st: _ZmtpStream) -> dict:
+        z = st.zmtp
+        # A stream caught mid-connection has no greeting (version None) but may well be ZMTP.
+        is_zmtp = z.version is not None or z.messages > 0 or z.commands > 0
+        columns = {"lost_bytes": z.lost_bytes, "resyncs": z.resyncs}
+        if is_zmtp:
+            ident = z.identity
+            columns.update(protocol="pslite" if st.is_pslite else "zmtp", zmtp_version=z.version,
+                           mechanism=z.mechanism, socket_type=z.socket_type,
+                           identity=ident.decode("latin-1") if ident is not None else None,
+                           encrypted=bool(z.encrypted), decode_error=st.decode_error)
+        return columns

@@ -31,7 +31,7 @@ seen (go-back-N resends from the lost PSN); capture loss = PSNs never seen. Pack
 counted and otherwise ignored, as the receiving adapter drops them.
 
 Collectives are inferred from the NCCL data writes alone, as for the socket transport (see
-decoders.nccl_socket.collectives_from_transfers); the CTS tags give the ranks.
+decoders.nccl_collectives); the CTS tags give the ranks.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
-from dlcsniff.decoders.protocols.nccl_socket import IDLE_GAP_NS, collective_rows
-from dlcsniff.decoders.protocols.base import CaptureRows
+from dlcsniff.decoders.nccl_collectives import IDLE_GAP_NS, collective_rows
+from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915
@@ -513,17 +513,18 @@ class _SetupConnection:
     acceptor_bytes: bytearray = field(default_factory=bytearray)
 
 
-class RoceCaptureDecoder:
-    """RoCE packets of one capture (`on_packet`), plus NCCL's IB set-up TCP connections (claim / on_data).
+class RoceCaptureDecoder(ProtocolDecoderBase):
+    """RoCE packets of one capture (`receive_packet`), plus NCCL's IB set-up TCP connections (claimed).
 
-    Rows from `finish`: one message row per RDMA message (SEND, WRITE, READ; NCCL roles annotated), one
+    Rows at the end of the capture: one message row per RDMA message (SEND, WRITE, READ; NCCL roles annotated), one
     extra stream row per (source, destination, destination QP); messages name theirs by "extra_stream"
     (the row's index in `extra_streams`).
     """
 
-    protocol = "roce"
+    name = "roce"
 
     def __init__(self, *, idle_gap_ns: int = IDLE_GAP_NS, world_size: int | None = None):
+        super().__init__()
         self.idle_gap_ns = idle_gap_ns        # steer the collectives' inference
         self.world_size = world_size
         self._qps: dict[tuple[bytes, bytes, int], _QueuePair] = {}
@@ -532,7 +533,7 @@ class RoceCaptureDecoder:
         self._setup_keys: dict[tuple, _SetupConnection] = {}    # connector TCP key -> set-up connection
 
     # -- RoCE packets --------------------------------------------------------------------------------
-    def on_packet(self, packet) -> bool:
+    def receive_packet(self, packet) -> bool:
         pkt = parse_roce(packet.linktype, packet.data, packet.ts_ns)
         if pkt is None:
             return False
@@ -588,7 +589,8 @@ class RoceCaptureDecoder:
             read.missing_packets -= 1             # a response the capture had skipped came again
 
     # -- NCCL IB set-up connections (TCP) ------------------------------------------------------------
-    def claim(self, stream_id: int, key: tuple, syn_seen: bool, prefix: bytes) -> bool | None:
+    def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
+        stream_id, key = direction.stream_id, direction.key
         setup = self._setup_keys.get((key[2], key[3], key[0], key[1]))
         if setup is not None and setup.acceptor_stream is None:
             setup.acceptor_stream = stream_id
@@ -603,20 +605,23 @@ class RoceCaptureDecoder:
         self._setup_keys[key] = setup
         return True
 
-    def on_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
+    def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
         setup = self._setups[stream_id]
         kept = setup.connector_bytes if stream_id == setup.connector_stream else setup.acceptor_bytes
         if len(kept) < SETUP_KEPT_BYTES:
             kept += data[:SETUP_KEPT_BYTES - len(kept)]
 
-    def on_gap(self, stream_id: int, size: int, ts_ns: int) -> None:
+    def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None:
         """Lost set-up bytes only make the value look-ups miss."""
 
-    def on_end(self, stream_id: int, ts_ns: int) -> None:
+    def receive_end(self, stream_id: int, ts_ns: int) -> None:
         """Nothing is pending on a set-up connection."""
 
     # -- results -------------------------------------------------------------------------------------
-    def finish(self) -> CaptureRows:
+    def end_of_capture(self) -> None:
+        self._emit_rows(self._rows())
+
+    def _rows(self) -> CaptureRows:
         qps = list(self._qps.values())
         for qp in qps:
             qp.advance(flush=True)
@@ -630,7 +635,7 @@ class RoceCaptureDecoder:
                       "ts_last_ns": row["ts_last_ns"], "size_bytes": row["size_bytes"],
                       "payload_bytes": row["size_bytes"], "complete": row["complete"]}
                      for row in messages if row["nccl_role"] == "data"]
-        collectives = collective_rows(transfers, protocol=self.protocol, idle_gap_ns=self.idle_gap_ns,
+        collectives = collective_rows(transfers, protocol=self.name, idle_gap_ns=self.idle_gap_ns,
                                       world_size=self.world_size)
         return CaptureRows(messages=messages, streams=streams, extra_streams=extra, collectives=collectives)
 

@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.sansio import NEED_DATA
 
 VALIDATION_MAGIC = 0x3C85F7CE
 MAX_MESSAGE_BYTES = 1 << 26
@@ -257,41 +258,43 @@ class TcpStoreConnection:
         self._requests = _Direction()
         self._responses = _Direction()
         self._awaiting: deque[StoreRequest] = deque()
+        self._exchanges: deque[StoreExchange] = deque()
 
-    def receive_request_data(self, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
-        return self._receive(self._requests, data, ts_ns)
+    def receive_request_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        self._receive(self._requests, data, ts_ns)
 
-    def receive_response_data(self, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
-        return self._receive(self._responses, data, ts_ns)
+    def receive_response_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        self._receive(self._responses, data, ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int) -> list[StoreExchange]:
+    def receive_gap(self, size: int, ts_ns: int) -> None:
         """Bytes of either direction lost: requests and responses can no longer be told apart."""
         self.lost_bytes += size
-        return self._fail(f"{size} bytes lost by the capture")
+        self._fail(f"{size} bytes lost by the capture")
 
-    def receive_end(self, ts_ns: int) -> list[StoreExchange]:
+    def receive_end(self, ts_ns: int) -> None:
         """The connection ended: requests still waiting are reported without a response."""
-        exchanges = [StoreExchange(request, None) for request in self._awaiting]
+        self._exchanges.extend(StoreExchange(request, None) for request in self._awaiting)
         self._awaiting.clear()
         self.lost_bytes += self._requests.discard() + self._responses.discard()
-        return exchanges
+
+    def next_event(self) -> StoreExchange | type(NEED_DATA):
+        """The next query with its response (None: none came), or NEED_DATA."""
+        return self._exchanges.popleft() if self._exchanges else NEED_DATA
 
     # -- decoding ---------------------------------------------------------------------------------
-    def _receive(self, direction: _Direction, data: bytes | memoryview, ts_ns: int) -> list[StoreExchange]:
+    def _receive(self, direction: _Direction, data: bytes | memoryview, ts_ns: int) -> None:
         if self.failed is not None:
             self.lost_bytes += len(data)
-            return []
+            return
         direction.append(data, ts_ns)
         if len(direction.buf) < direction.need:
-            return []
-        exchanges: list[StoreExchange] = []
+            return
         try:
-            self._decode(exchanges)
+            self._decode(self._exchanges)
         except DecodeError as exc:
-            exchanges += self._fail(str(exc))
-        return exchanges
+            self._fail(str(exc))
 
-    def _decode(self, exchanges: list[StoreExchange]) -> None:
+    def _decode(self, exchanges: deque[StoreExchange]) -> None:
         requests, responses = self._requests, self._responses
         progress = True
         while progress:
@@ -325,7 +328,7 @@ class TcpStoreConnection:
                     exchanges.append(StoreExchange(self._awaiting.popleft(), response))
                     progress = True
 
-    def _fail(self, reason: str) -> list[StoreExchange]:
+    def _fail(self, reason: str) -> None:
         if self.failed is None:
             self.failed = reason
-        return self.receive_end(0)
+        self.receive_end(0)

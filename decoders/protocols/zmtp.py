@@ -25,21 +25,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from dlcsniff.decoders.errors import DecodeError, Resync
-
-
-class _Sentinel:
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __repr__(self) -> str:
-        return self._name
-
-
-NEED_DATA = _Sentinel("NEED_DATA")
-"""Returned by `next_event` when no event can be produced from the bytes received so far."""
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
+from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed, Resync
 
 # -- wire format ----------------------------------------------------------------------------------
 
@@ -72,7 +60,7 @@ _METADATA_COMMANDS = frozenset({"READY", "INITIATE"})
 _KNOWN_COMMANDS = frozenset({b"READY", b"ERROR", b"HELLO", b"WELCOME", b"INITIATE", b"MESSAGE", b"PING",
                              b"PONG", b"SUBSCRIBE", b"CANCEL", b"JOIN", b"LEAVE"})
 
-DEFAULT_KEPT_BODY_BYTES = 64 * 1024
+DEFAULT_KEPT_BODY_BYTES = ZMTP_KEPT_BODIES.max_body_bytes
 UNLIMITED_SKIP_BYTES = 1 << 62          # skippable_bytes once decoding stopped
 COMMAND_BODY_CAP_BYTES = 64 * 1024      # larger command bodies are named and sized, not parsed
 _ENCRYPTED_NAME_PREFIX_BYTES = 1 + 255  # an encrypted frame is read only as far as its command name
@@ -128,13 +116,6 @@ class Message:
     frame_sizes: tuple[int, ...]
     frames: tuple[bytes | memoryview | None, ...]
     complete: bool
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeFailed:
-    """The stream stopped making sense at `offset`; later bytes are only counted (lost_bytes)."""
-    offset: int
-    reason: str
 
 
 ZmtpEvent = Greeting | Command | Message | Resync | DecodeFailed

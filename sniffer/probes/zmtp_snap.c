@@ -1,15 +1,15 @@
 // The snap filter: a socket filter on the daemon's packet socket that cuts each packet right after the
 // last byte the decoders need (TCP/IP headers, ZMTP greetings, every ZMTP frame header, the bodies of
-// command frames, of each message's first two data frames (ps-lite's routing id, meta and keys: kept
-// whatever their size) and of the other data frames up to SNAP_KEPT_BODY_MAX: the rule the decoders keep
-// bodies by (decoders/pslite.py keep_body), so a cut never takes a byte they read). Its return value is the number of bytes
+// command frames, of each message's first SNAP_KEPT_FIRST_FRAMES data frames (ps-lite's routing id, meta and
+// keys: kept whatever their size) and of the other data frames up to SNAP_KEPT_BODY_MAX: the rule the decoders
+// keep bodies by (decoders/protocols/__init__.py ZMTP_KEPT_BODIES), so a cut never takes a byte they read). Its return value is the number of bytes
 // the packet socket keeps: 0 drops the packet, the packet's length keeps it whole. The wire length in the
 // pcap record stays the packet's length.
 //
 // Compiled with the probes (one bcc compile, sniffer/ebpf.py) with these -D flags:
 //   SNAP_LINK_HEADER_LEN    bytes before the network header in what the socket sees (cooked: 0, Ethernet: 14)
-//   SNAP_KEPT_BODY_MAX      data frames past the second of a message keep their body up to this size
-//                           (the rule of decoders/pslite.py keep_body)
+//   SNAP_KEPT_FIRST_FRAMES  a message's first data frames whose bodies are always kept (ZMTP_KEPT_BODIES)
+//   SNAP_KEPT_BODY_MAX      later data frames keep their body up to this size (ZMTP_KEPT_BODIES)
 //   SNAP_PORT_WANTED(port)    (with --ports) true for the TCP ports to capture: other packets are dropped
 //   SNAP_MAX_FRAMES           frames parsed per packet; past it the flow is kept whole from then on
 //
@@ -144,7 +144,7 @@ static __always_inline u32 snap_header(struct __sk_buff *skb, struct snap_flow *
         return snap_mark_full(flow);
     flow->remaining_bytes = size;
     u8 flags = header[0];
-    flow->phase = flags & ZMTP_FLAG_COMMAND || flow->frame_index < 2 || size <= SNAP_KEPT_BODY_MAX
+    flow->phase = flags & ZMTP_FLAG_COMMAND || flow->frame_index < SNAP_KEPT_FIRST_FRAMES || size <= SNAP_KEPT_BODY_MAX
                   ? SNAP_BODY_KEEP : SNAP_BODY_SKIP;
     if (!(flags & ZMTP_FLAG_COMMAND))
         flow->frame_index = !(flags & ZMTP_FLAG_MORE) ? 0 : flow->frame_index < 255 ? flow->frame_index + 1 : 255;

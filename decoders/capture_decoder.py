@@ -1,0 +1,286 @@
+"""One capture, decoded on its own: packets → TCP directions → the protocol decoders → column lists.
+
+`decode_capture` reads a capture's files (decoders.inputs), drives the packets through the batch TCP driver
+(decoders.tcp_driver), and hands each TCP direction to the protocol decoder that claims it (the registry,
+decoders.protocols.REGISTRY, in its order); packets that are no TCP segments are offered to every decoder in
+turn. The result (`CaptureResult`) is plain column lists, picklable, so captures can be decoded in parallel
+processes; job-wide resolution (decoders.job) comes after.
+
+Deciding a TCP direction: its first bytes (up to PREFIX_BYTES) are held while decoders answer None ("show me
+more"); the first decoder in registry order to answer True gets it, held bytes first. When none does, or the
+direction loses bytes or ends before anyone decided, each decoder's `claim_fallback` is asked (weak evidence:
+ZMTP found by resynchronisation); else the direction stays plain TCP.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlcsniff.decoders.errors import CaptureError
+from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
+from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_name
+from dlcsniff.decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
+from dlcsniff.decoders.protocols import protocol_decoders
+from dlcsniff.decoders.protocols.base import Count, ExtraStream, Row, StreamColumns, TcpDirection
+from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.sansio import NEED_DATA
+from dlcsniff.decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
+from dlcsniff.decoders.tcp_driver import BatchDecoder
+
+# Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
+PREFIX_BYTES = 64
+
+
+@dataclass(slots=True)
+class _Direction:
+    """What the capture decoder keeps per TCP direction."""
+    flow_id: int
+    offer: TcpDirection
+    owner: object | None = None                 # the protocol decoder that claimed it
+    decided: bool = False
+    held: list = field(default_factory=list)    # (bytes, ts_ns) seen before it was decided
+    declined: set = field(default_factory=set)  # decoders that said "not mine"
+
+
+@dataclass
+class CaptureResult:
+    """One capture decoded on its own: column lists per table, still without job-wide resolution.
+
+    tables: streams, zmtp, messages, collectives, and the protocols' capture-level tables (pslite_nodes,
+    pslite_announced); counts: the protocols' counters (undecoded_messages...)."""
+    capture: str
+    path: str
+    tables: dict[str, dict[str, list]]
+    counts: dict[str, int] = field(default_factory=dict)
+    packets: int = 0
+    bytes_read: int = 0
+    non_tcp_packets: int = 0
+    parse_stats: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    bulk_packets: int = 0                      # TCP packets the batch decoder applied in bulk
+
+
+def _column_length(columns: dict[str, list]) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def append_row(columns: dict[str, list], row: dict) -> None:
+    """Append one row to aligned column lists; a column new to them is null in the rows before."""
+    n = _column_length(columns)
+    for name in row.keys() - columns.keys():
+        columns[name] = [None] * n
+    for name, values in columns.items():
+        values.append(row.get(name))
+
+
+class CaptureDecoder:
+    """The per-capture dispatch: a consumer of the TCP driver's events (decoders.tcp_driver.StreamConsumer)."""
+
+    def __init__(self, flow_id_base: int = 0, protocols: list | None = None):
+        self.flow_id_base = flow_id_base
+        self.tcp = TcpReassembler()
+        self.protocols = protocol_decoders() if protocols is None else protocols
+        self.directions: dict[int, _Direction] = {}
+
+    # -- TCP events -----------------------------------------------------------------------------------
+    def on_tcp_event(self, ev) -> None:
+        cls = ev.__class__
+        if cls is StreamData:
+            d = self.directions[ev.stream_id]
+            if d.owner is not None:
+                d.owner.receive_data(ev.stream_id, ev.data, ev.ts_ns)
+            elif not d.decided:
+                d.held.append((bytes(ev.data), ev.ts_ns))
+                self._decide(d, final=False)
+        elif cls is StreamGap:
+            d = self.directions[ev.stream_id]
+            if not d.decided:
+                self._decide(d, final=True)
+            if d.owner is not None:
+                d.owner.receive_gap(ev.stream_id, ev.size, ev.ts_ns, ev.lost)
+        elif cls is StreamStarted:
+            self.directions[ev.stream_id] = _Direction(self.flow_id_base + ev.stream_id,
+                                                       TcpDirection(ev.stream_id, ev.key, ev.syn_seen))
+        elif cls is StreamEnded:
+            d = self.directions[ev.stream_id]
+            if not d.decided:
+                self._decide(d, final=True)
+            if d.owner is not None:
+                d.owner.receive_end(ev.stream_id, ev.ts_ns)
+
+    def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
+        """A packet that is no TCP segment (UDP, RoCEv1...): offered to the decoders in turn."""
+        packet = Packet(ts_ns, linktype, data, len(data), 0)
+        for protocol in self.protocols:
+            if protocol.receive_packet(packet):
+                return
+
+    def skippable_bytes(self, stream_id: int) -> int:
+        """How many of the direction's next bytes need not be seen (decoders.tcp_driver.StreamConsumer)."""
+        d = self.directions[stream_id]
+        if d.owner is not None:
+            return d.owner.skippable_bytes(stream_id)
+        return UNLIMITED_SKIP_BYTES if d.decided else 0
+
+    def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
+        owner = self.directions[stream_id].owner
+        if owner is not None:
+            owner.skip(stream_id, size, ts_ns)
+
+    def _decide(self, d: _Direction, *, final: bool) -> None:
+        prefix = b"".join(chunk for chunk, _ in d.held)[:PREFIX_BYTES]
+        winner = None
+        waiting = False
+        for protocol in self.protocols:
+            if protocol in d.declined:
+                continue
+            verdict = protocol.claim(d.offer, prefix)
+            if verdict:
+                winner = protocol
+                break
+            if verdict is None:
+                waiting = True
+            else:
+                d.declined.add(protocol)
+        if winner is None:
+            if waiting and not final and len(prefix) < PREFIX_BYTES:
+                return
+            winner = next((p for p in self.protocols if p.claim_fallback(d.offer, prefix, bool(d.held))), None)
+        d.decided = True
+        held, d.held = d.held, []
+        d.owner = winner
+        if winner is not None:
+            for chunk, ts_ns in held:
+                winner.receive_data(d.offer.stream_id, memoryview(chunk), ts_ns)
+
+    # -- end of capture ---------------------------------------------------------------------------------
+    def end_of_input(self) -> None:
+        """No more packets: the TCP directions still open end, and so does each protocol's capture."""
+        for ev in self.tcp.finish():
+            self.on_tcp_event(ev)
+        for protocol in self.protocols:
+            protocol.end_of_capture()
+
+    def finish(self) -> tuple[dict[str, dict[str, list]], dict[str, int]]:
+        """End the capture: every table's column lists, and the protocols' counters."""
+        self.end_of_input()
+        tables: dict[str, dict[str, list]] = collections.defaultdict(dict)
+        streams = self._stream_columns()
+        tables["streams"] = streams
+        row_of_stream = {flow: i for i, flow in enumerate(streams["flow_id"])}
+        counts: dict[str, int] = collections.Counter()
+        next_flow = self.flow_id_base + len(self.tcp.streams)
+        for protocol in self.protocols:
+            extra_flow: dict[int, int] = {}
+            while (ev := protocol.next_event()) is not NEED_DATA:
+                cls = ev.__class__
+                if cls is Row:
+                    append_row(tables[ev.table], self._named_by_flow(
+                        ev.values, extra_flow, protocol.name if ev.table == "messages" else None))
+                elif cls is StreamColumns:
+                    i = row_of_stream[self.flow_id_base + ev.stream_id]
+                    for name, value in self._named_by_flow(ev.values, extra_flow, None).items():
+                        if name not in streams:
+                            streams[name] = [None] * _column_length(streams)
+                        streams[name][i] = value
+                elif cls is ExtraStream:
+                    extra_flow[ev.index] = next_flow
+                    append_row(streams, {**ev.values, "flow_id": next_flow})
+                    next_flow += 1
+                elif cls is Count:
+                    counts[ev.name] += ev.value
+        return dict(tables), dict(counts)
+
+    def _named_by_flow(self, values: dict, extra_flow: dict[int, int], protocol: str | None) -> dict:
+        """A row whose TCP directions are named by stream number (stream_id, <x>_stream_id) or extra stream
+        index, named by flow id instead; message rows get their decoder's protocol unless they say."""
+        row = dict(values)
+        for name in [name for name in row if name == "stream_id" or name.endswith("_stream_id")]:
+            value = row.pop(name)
+            flow_name = "flow_id" if name == "stream_id" else name[:-len("stream_id")] + "flow_id"
+            row[flow_name] = None if value is None else self.flow_id_base + value
+        extra = row.get("extra_stream")
+        if extra is not None:
+            row["flow_id"] = extra_flow[extra]
+        if protocol is not None:
+            row.setdefault("protocol", protocol)
+        return row
+
+    def _stream_columns(self) -> dict[str, list]:
+        """The streams.parquet columns every TCP direction has; protocols extend them (StreamColumns)."""
+        cols: dict[str, list] = collections.defaultdict(list)
+        flow_of_key = {d.offer.key: d.flow_id for d in self.directions.values()}
+        for sid, d in self.directions.items():
+            info = self.tcp.streams[sid]
+            src, sport, dst, dport = d.offer.key
+            cols["flow_id"].append(d.flow_id)
+            cols["src_ip"].append(ip_to_str(src))
+            cols["src_port"].append(sport)
+            cols["dst_ip"].append(ip_to_str(dst))
+            cols["dst_port"].append(dport)
+            cols["first_ts_ns"].append(info.first_ts_ns)
+            cols["last_ts_ns"].append(info.last_ts_ns)
+            cols["packets"].append(info.packets)
+            cols["bytes"].append(info.bytes)
+            cols["missing_bytes"].append(info.missing_bytes)
+            cols["uncaptured_bytes"].append(info.uncaptured_bytes)
+            cols["retransmitted_bytes"].append(info.retransmitted_bytes)
+            cols["protocol"].append("tcp")
+            cols["encrypted"].append(False)
+            cols["reverse_flow_id"].append(flow_of_key.get((dst, dport, src, sport)))
+            cols["syn_seen"].append(info.syn_seen)
+            cols["fin_seen"].append(info.fin_seen)
+            cols["rst_seen"].append(info.rst_seen)
+            cols["lost_bytes"].append(0)
+            cols["resyncs"].append(0)
+        return cols
+
+
+def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progress: ProgressFn | None = None,
+                   batched: bool = True, protocols: list | None = None) -> CaptureResult:
+    """Decode one capture (a file, or a daemon's rotated files in order) on its own (no job-wide resolution).
+
+    batched=False decodes packet by packet (`tcp_driver.feed_packet` for each): the reference the batch
+    decoder must match exactly, and several times slower. `protocols`: decoder instances to use instead of
+    one of each registered protocol (tests of one protocol)."""
+    if not isinstance(capture, CaptureInput):
+        capture = CaptureInput(capture_name(Path(capture)), (Path(capture),))
+    path = capture.path
+    dec = CaptureDecoder(flow_id_base, protocols)
+    stats = ParseStats()
+    batches = BatchDecoder(dec.tcp, dec, stats)
+    reported = 0
+    done_bytes = 0
+
+    def report(pos: int) -> None:
+        nonlocal reported
+        if progress is not None:
+            progress(done_bytes + pos - reported)
+            reported = done_bytes + pos
+
+    packets, bytes_read, warnings = 0, 0, []
+    for file in capture.files:
+        reported = done_bytes = bytes_read
+        with open_capture(file) as reader:
+            for n, item in enumerate(reader.batches() if batched else reader, 1):
+                batches.feed(item)          # a Packet goes the per-packet way
+                if batched or not n & 0x3FF:
+                    report(reader.bytes_read)
+            report(reader.total_bytes)
+            packets += reader.packets
+            bytes_read += reader.total_bytes
+            warnings += reader.warnings
+    tables, counts = dec.finish()
+    for linktype in sorted(batches.unsupported_linktypes):
+        try:
+            check_linktype(linktype)
+        except UnsupportedLinktype as exc:
+            if stats.unknown_linktype == packets:
+                raise CaptureError(f"{path}: {exc}") from None
+            warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
+    return CaptureResult(
+        capture=capture.name, path=str(path), tables=tables, counts=counts, packets=packets, bytes_read=bytes_read,
+        non_tcp_packets=batches.non_tcp_packets, parse_stats=stats.as_dict(), warnings=warnings,
+        bulk_packets=batches.bulk_packets,
+    )

@@ -1,0 +1,133 @@
+"""Captures of one job → the decode tables: each capture decoded on its own (decoders.capture_decoder, in
+forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (ps-lite nodes and
+tensors: decoders.pslite_job; processes from capture daemons: decoders.processes) and the summary."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from dlcsniff.decoders.capture_decoder import CaptureResult, decode_capture
+from dlcsniff.decoders.fork_pool import FORK_MIN_BYTES, decode_forked
+from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, expand_inputs
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
+
+
+@dataclass
+class Dataset:
+    tables: dict[str, pa.Table]
+    summary: dict
+
+
+def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
+    """Concatenate one table's column lists over captures, adding the `capture` column; a column some
+    captures lack is null in their rows."""
+    names = {name for res in results for name in res.tables.get(table, {})} - {"capture"}
+    out: dict[str, list] = {name: [] for name in names | {"capture"}}
+    for res in results:
+        cols = res.tables.get(table, {})
+        n = len(next(iter(cols.values()))) if cols else 0
+        for name in names:
+            out[name].extend(cols.get(name, [None] * n))
+        out["capture"].extend([res.capture] * n)
+    return out
+
+
+def build_dataset(results: list[CaptureResult]) -> Dataset:
+    """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
+    from dlcsniff.decoders.pslite_job import resolve_pslite
+    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
+
+    streams = _concat(results, "streams")
+    messages = _concat(results, "messages")
+    for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
+        messages.setdefault(name, [None] * len(messages["capture"]))
+    nodes, unattributed = resolve_pslite(streams, messages, _concat(results, "pslite_nodes"),
+                                         _concat(results, "pslite_announced"))
+    tables = {
+        "streams": table_from_columns("streams", streams),
+        "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
+        "messages": table_from_columns("messages", messages),
+        "nodes": table_from_columns("nodes", nodes),
+        "collectives": table_from_columns("collectives", _concat(results, "collectives")),
+    }
+    summary = _summary(results, tables)
+    summary["unattributed_messages"] = unattributed
+    return Dataset(tables=tables, summary=summary)
+
+
+ROCE_COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
+
+
+def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
+    streams = tables["streams"].to_pandas()
+    tcp = streams[streams["syn_seen"].notna()]              # TCP directions (RoCE rows have no handshake)
+    roce = streams[streams["protocol"] == "roce"]
+    messages = tables["messages"].select(["protocol", "complete", "control_cmd"]).to_pandas()
+    zmtp = tables["zmtp"].select(["command", "complete"]).to_pandas()
+    collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
+    return {
+        "captures": [
+            {"capture": r.capture, "path": r.path, "packets": r.packets, "non_tcp_packets": r.non_tcp_packets,
+             "warnings": r.warnings, "parse": r.parse_stats,
+             "undecoded_messages": r.counts.get("undecoded_messages", 0)}
+            for r in results
+        ],
+        "packets": sum(r.packets for r in results),
+        "flows_by_protocol": streams.groupby("protocol").size().to_dict() if len(streams) else {},
+        "tcp_bytes": int(tcp["bytes"].sum()),
+        "missing_bytes": int(tcp["missing_bytes"].sum()),
+        "uncaptured_bytes": int(tcp["uncaptured_bytes"].sum()),
+        "retransmitted_bytes": int(tcp["retransmitted_bytes"].sum()),
+        "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
+        "midstream_streams": int((tcp["syn_seen"] == False).sum()),  # noqa: E712 (a nullable column)
+        "zmtp_lost_bytes": int(tcp["lost_bytes"].sum()),
+        "roce": {name: int(roce[name].sum()) for name in ROCE_COUNTERS} if len(roce) else {},
+        "zmtp_messages": int(zmtp["command"].isna().sum()),
+        "zmtp_commands": int(zmtp["command"].notna().sum()),
+        "messages": len(messages),
+        "messages_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
+        "incomplete_messages": int((~messages["complete"].fillna(False).astype(bool)).sum()),
+        "control_messages": int(messages["control_cmd"].notna().sum()),
+        "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
+                                collectives.groupby(["protocol", "kind"]).size().items()},
+        "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),
+        "nodes": tables["nodes"].num_rows,
+        "warnings": [w for r in results for w in r.warnings],
+    }
+
+
+def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], ProgressFn] | None = None,
+                 workers: int | None = None) -> Dataset:
+    """Decode captures (files or directories of them) of one job into one dataset.
+
+    Captures are decoded in `workers` forked processes (default: one per core, when the input is large
+    enough for it to pay; 0: in this process), while this one loads what building the tables needs."""
+    paths = expand_inputs(inputs)
+    sizes = [capture.size_bytes for capture in paths]
+    if not hasattr(os, "fork"):
+        workers = 0
+    elif workers is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(len(paths), cores) if sum(sizes) >= FORK_MIN_BYTES else 0
+    jobs = [(capture, index << FLOW_ID_CAPTURE_SHIFT) for index, capture in enumerate(paths)]
+    if workers <= 0:
+        progress = progress_total(sum(sizes)) if progress_total else None
+        results = [decode_capture(path, flow_id_base=base, progress=progress) for path, base in jobs]
+    else:
+        results = decode_forked(jobs, sizes, workers, progress_total)
+    return with_processes(build_dataset(results), paths)
+
+
+def with_processes(dataset: Dataset, captures: list[CaptureInput]) -> Dataset:
+    """Captures from a capture daemon's directories: who owned each connection, and when libzmq was
+    handed each message (decoders.processes)."""
+    if all(c.directory is None for c in captures):
+        return dataset
+    from dlcsniff.decoders.processes import join_processes
+    return join_processes(dataset, captures)

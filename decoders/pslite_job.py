@@ -1,0 +1,185 @@
+"""ps-lite across a job's captures: node ids, roles and ranks, the sender and receiver of every stream, and each
+message's tensor.
+
+What one capture cannot tell: node ids come from the scheduler's ADD_NODE reply (seen in the scheduler's and
+the nodes' captures), a stream's sender from its DEALER identity or its ADD_NODE request, its receiver from the
+listening address in that reply; the server's key range then names the tensor (MXNet or BytePS key layouts,
+decoders.tensors). Works on the column lists of the captures' results (decoders.capture_decoder), in place.
+"""
+from __future__ import annotations
+
+import collections
+
+from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.tensors import byteps, mxnet
+
+ROLE_NAMES = {pslite.ROLE_SERVER: "server", pslite.ROLE_WORKER: "worker", pslite.ROLE_SCHEDULER: "scheduler"}
+
+
+def resolve_pslite(streams: dict[str, list], messages: dict[str, list], node_rows: dict[str, list],
+                   announced_rows: dict[str, list]) -> tuple[dict[str, list], int]:
+    """Fill the job's streams and messages columns in place: stream node_id and protocol of ROUTER sides,
+    message sender/recver ids and roles and their tensor attribution. `node_rows` and `announced_rows` are
+    the captures' pslite_nodes and pslite_announced tables (decoders.protocols.pslite), concatenated.
+    Returns the nodes.parquet columns and how many KV messages could not be attributed to a tensor."""
+    nodes = _node_table(node_rows)
+    endpoints = _resolve_endpoints(streams, messages, announced_rows, nodes)
+    streams["node_id"] = [endpoints.get(f, (None, None))[0] for f in streams["flow_id"]]
+    role_of = {nid: role for nid, (role, _, _) in nodes.items()}
+    role_of.setdefault(pslite.SCHEDULER_ID, "scheduler")
+    sender_ids = [endpoints.get(f, (None, None))[0] for f in messages["flow_id"]]
+    recver_ids = [endpoints.get(f, (None, None))[1] for f in messages["flow_id"]]
+    messages["sender_id"] = sender_ids
+    messages["recver_id"] = recver_ids
+    messages["sender_role"] = [role_of.get(s, pslite.node_role(s)) for s in sender_ids]
+    messages["recver_role"] = [role_of.get(r, pslite.node_role(r)) for r in recver_ids]
+    server_ids = sorted(nid for nid, role in role_of.items() if role == "server")
+    ranks_by_id = {nid: pslite.server_rank(nid) for nid in server_ids}
+    for nid in set(sender_ids) | set(recver_ids):
+        if nid is not None and pslite.node_role(nid) == "server":
+            ranks_by_id.setdefault(nid, pslite.server_rank(nid))
+    unattributed = _attribute(messages, list(zip(messages["sender_role"], messages["recver_role"])),
+                              ranks_by_id, len(ranks_by_id))
+    _attribute_responses(messages)
+    _mark_router_sides(streams, endpoints)
+    node_cols: dict[str, list] = collections.defaultdict(list)
+    for nid in sorted(nodes):
+        role, host, port = nodes[nid]
+        node_cols["node_id"].append(nid)
+        node_cols["role"].append(role)
+        node_cols["rank"].append(pslite.rank_of_id(nid))
+        node_cols["hostname"].append(host)
+        node_cols["port"].append(port)
+    return node_cols, unattributed
+
+
+def _node_table(rows: dict[str, list]) -> dict[int, tuple[str, str, int]]:
+    """node id → (role, hostname, port), from every ADD_NODE reply seen in any capture."""
+    nodes: dict[int, tuple[str, str, int]] = {}
+    for node_id, role, hostname, port in zip(*(rows.get(c, ()) for c in ("node_id", "role", "hostname", "port"))):
+        nodes[node_id] = (ROLE_NAMES.get(role, str(role)), hostname, port)
+    return nodes
+
+
+def _resolve_endpoints(streams: dict[str, list], messages: dict[str, list], announced_rows: dict[str, list],
+                       nodes: dict) -> dict[int, tuple[int | None, int | None]]:
+    """flow_id → (sender node id, receiver node id) for every ps-lite stream.
+
+    The sender is named by the DEALER's Identity ("ps<id>"); a node's first connection to the scheduler
+    has none, so its ADD_NODE request's own (host, port) names it once the scheduler's reply is known.
+    The receiver is the ROUTER's listening (ip, port) from the reply's node list; the scheduler is not in
+    that list, so a host that only one node lives on, or control requests (only the scheduler gets them),
+    name it.
+    """
+    addr_to_id = {(host, port): nid for nid, (_, host, port) in nodes.items()}
+    announced: dict[int, list] = collections.defaultdict(list)
+    for flow, host, port in zip(*(announced_rows.get(c, ()) for c in ("flow_id", "hostname", "port"))):
+        announced[flow].append((host, port))
+    flows = streams["flow_id"]
+    sender: dict[int, int | None] = {}
+    for i, flow in enumerate(flows):
+        if streams["protocol"][i] != "pslite":
+            continue
+        nid = pslite.parse_identity(streams["identity"][i])
+        if nid is None:
+            for host_port in announced.get(flow, ()):
+                nid = addr_to_id.get(host_port)
+                if nid is not None:
+                    break
+        sender[flow] = nid
+    ip_ids: dict[str, set] = collections.defaultdict(set)
+    for i, flow in enumerate(flows):
+        if sender.get(flow) is not None:
+            ip_ids[streams["src_ip"][i]].add(sender[flow])
+    for nid, (_, host, _) in nodes.items():
+        ip_ids[host].add(nid)
+    control_request_flows = {
+        f for f, cmd, req in zip(messages.get("flow_id", ()), messages.get("control_cmd", ()),
+                                 messages.get("request", ()))
+        if cmd is not None and req
+    }
+    resolved: dict[int, tuple[int | None, int | None]] = {}
+    for i, flow in enumerate(flows):
+        if flow not in sender:
+            continue
+        src_ip, dst_ip, dst_port = streams["src_ip"][i], streams["dst_ip"][i], streams["dst_port"][i]
+        snd = sender[flow]
+        if snd is None and len(ip_ids.get(src_ip, ())) == 1:
+            snd = next(iter(ip_ids[src_ip]))
+        rcv = addr_to_id.get((dst_ip, dst_port))
+        if rcv is None:
+            peers = ip_ids.get(dst_ip, set()) - ({snd} if snd is not None else set())
+            if len(peers) == 1 and dst_ip != src_ip:
+                rcv = next(iter(peers))
+            elif flow in control_request_flows:
+                rcv = pslite.SCHEDULER_ID
+        resolved[flow] = (snd, rcv)
+    return resolved
+
+
+def _attribute(messages: dict[str, list], roles: list, ranks_by_id: dict, num_servers: int) -> int:
+    """Fill tensor attribution columns in place (MXNet or BytePS, by the meta's flavor).
+
+    Returns how many KV messages could not be attributed."""
+    n = len(messages.get("flow_id", ()))
+    unattributed = 0
+    tensor_key, server_rank, req_type, dtype, part, rows, app_cmd = ([None] * n for _ in range(7))
+    for i in range(n):
+        head = messages["head"][i]
+        if messages["control_cmd"][i] is not None or head is None:
+            continue
+        flavor = messages["flavor"][i]
+        snd_role, rcv_role = roles[i]
+        server_id = messages["sender_id"][i] if snd_role == "server" else (
+            messages["recver_id"][i] if rcv_role == "server" else None)
+        if server_id is not None:
+            server_rank[i] = ranks_by_id[server_id]
+        keys = messages["keys"][i]
+        try:
+            if messages["simple_app"][i]:
+                if flavor == "dmlc":
+                    app_cmd[i] = mxnet.simple_app_command(head)
+                continue
+            if flavor == "dmlc":
+                req_type[i], dtype[i] = mxnet.decode_head(head)
+            if server_id is None or not keys or num_servers == 0:
+                continue
+            if flavor == "dmlc":
+                attr = mxnet.attribute(keys, messages["lens"][i], server_rank[i], num_servers, req_type[i])
+                tensor_key[i], part[i], rows[i] = attr.tensor_key, attr.part, attr.rows
+            else:
+                tensor_key[i], part[i] = byteps.attribute(keys[0], server_rank[i], num_servers)
+        except DecodeError:
+            unattributed += 1     # not MXNet's head, or keys outside the server's range (servers missing?)
+    messages.update(tensor_key=tensor_key, server_rank=server_rank, req_type=req_type, dtype=dtype,
+                    part=part, rows=rows, simple_app_cmd=app_cmd)
+    return unattributed
+
+
+def _attribute_responses(messages: dict[str, list]) -> None:
+    """A response without keys (a plain push response) names its tensor through its request.
+
+    ps-lite echoes the request's customer_id and timestamp in the response, which travels the other way
+    between the same two nodes; within one capture that pair is unique."""
+    cols = ("capture", "sender_id", "recver_id", "customer_id", "ps_timestamp")
+    requests = {}
+    for i, is_request in enumerate(messages.get("request", ())):
+        if is_request and messages["tensor_key"][i] is not None:
+            requests[tuple(messages[c][i] for c in cols)] = i
+    for i, is_request in enumerate(messages.get("request", ())):
+        if is_request or messages["tensor_key"][i] is not None or messages["control_cmd"][i] is not None:
+            continue
+        capture, snd, rcv, customer, ts = (messages[c][i] for c in cols)
+        j = requests.get((capture, rcv, snd, customer, ts))
+        if j is not None:
+            for col in ("tensor_key", "part", "req_type", "dtype"):
+                messages[col][i] = messages[col][j]
+
+
+def _mark_router_sides(streams: dict[str, list], endpoints: dict) -> None:
+    """The ROUTER side of a ps-lite connection (greeting and READY only) belongs to ps-lite too."""
+    for i, reverse in enumerate(streams["reverse_flow_id"]):
+        if reverse in endpoints and streams["protocol"][i] == "zmtp":
+            streams["protocol"][i] = "pslite"
+            streams["node_id"][i] = endpoints[reverse][1]
