@@ -1,11 +1,16 @@
 """Shared fixtures. Tests that need something this machine kind has (root, tcpdump, tshark, the workload
-venv) fail loudly when it is missing: `make test` installs all of it, so a missing piece is a set-up bug."""
+venv) fail loudly when it is missing: `make test` installs all of it, so a missing piece is a set-up bug.
+
+tests/ mirrors the code: decoders/, analysis/, sniffer/ and lab/ hold the tests of those folders, support/ the
+helpers they share (ground truth, capture generators, drivers of the real tools), bench/ `make bench`.
+Tests that need root are marked `root` (every module that starts namespaces, tcpdump or the daemon)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -35,6 +40,24 @@ def require_workloads() -> Path:
 @pytest.fixture(scope="session")
 def pcaps_dir() -> Path:
     return PCAPS
+
+
+@pytest.fixture(scope="session")
+def decoded_job(tmp_path_factory) -> Callable[[str], Path]:
+    """A bundled job's name → its decode output, decoded once per session exactly as `dlcsniff decode` does
+    (decoders.output.write_decode_output: tables, events, clocks, manifest). Tests must not write into it."""
+    from dlcsniff.decoders.job import decode_paths
+    from dlcsniff.decoders.output import write_decode_output
+
+    outputs: dict[str, Path] = {}
+
+    def decoded(name: str) -> Path:
+        if name not in outputs:
+            out = tmp_path_factory.mktemp(f"decoded-{name}")
+            write_decode_output(decode_paths([PCAPS / name]), out)
+            outputs[name] = out
+        return outputs[name]
+    return decoded
 
 
 def capture_cut_before(source: Path, ts_ns: int, path: Path) -> Path:

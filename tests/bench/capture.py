@@ -1,0 +1,231 @@
+"""Benchmarks of the capture daemon (root; `make bench` calls `run()`).
+
+- `mxnet_slowdown`: the same real MXNet job (scheduler, 2 servers, 2 workers in namespaces) with and
+  without a daemon per node, alternated, several runs; the ratio of the median training-loop times, for
+  a communication-bound MLP and for LeNet; beside it plain tcpdump and the daemon keeping every byte.
+  Target: at most 1.03.
+- `capture_rate`: ps-lite-shaped traffic (pyzmq PUSH -> PULL, [meta, keys, 1 MB values, lens] messages,
+  as ps-lite pushes) between two namespaces on a veth pair (MTU 1500, offloads off), rate-limited with tc tbf in
+  steps; a daemon on the receiver. Per step: the rate reached, kernel drops, the daemon's CPU and RSS
+  (and its probe helper's). Reports the highest rate captured with zero drops (aim: >= 1 Gb/s, < 200 MB).
+- `compare_capture_tools`: the same steps captured by tcpdump (-B as the daemon's ring, -s 0), by the
+  daemon without probes (whole packets) and by the daemon as it runs by default (probes, values cut in
+  the kernel): drops and CPU of each, the measurement behind sniffer/daemon.py's choice.
+
+    .venv/bin/python -c "import json, tests.bench.capture as b; print(json.dumps(b.run(), indent=1))"
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from lab.netns import Cluster
+from tests.conftest import WORKLOAD_PYTHON
+from tests.support.daemon import TOOL_PYTHON, RunningDaemon
+from tests.support.mxnet_job import child_pids, cpu_seconds, run_mxnet_job
+
+RATES_MBIT = (250, 500, 1000, 2000, 3000, 5000)
+STEP_S = 4.0
+ZMQ_PORT = 7400
+BUFFER_MB = 64
+MXNET_RUNS = 5
+# model -> batches: the communication-bound MLP (3 ms a batch) and LeNet (tens of ms a batch, 1.7 MB of
+# parameters pushed and pulled by each worker every batch)
+MXNET_JOBS = {"mlp": 600, "lenet": 150}
+SENDER = r"""
+import sys, time, zmq
+address, seconds = sys.argv[1], float(sys.argv[2])
+context = zmq.Context()
+push = context.socket(zmq.PUSH)
+push.setsockopt(zmq.SNDHWM, 4)
+push.connect(address)
+meta, keys, values, lens = b"m" * 120, bytes(8), bytes(1 << 20), bytes(4)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    push.send_multipart([meta, keys, values, lens], copy=False)
+push.close(linger=2000)
+context.term()     # the zero-copy frames must outlive libzmq's sending of them
+"""
+RECEIVER = r"""
+import sys, time, zmq
+pull = zmq.Context().socket(zmq.PULL)
+pull.bind(sys.argv[1])
+print("bound", flush=True)
+received, first, last = 0, None, None
+pull.setsockopt(zmq.RCVTIMEO, int(float(sys.argv[2]) * 1000))
+while True:
+    try:
+        frames = pull.recv_multipart(copy=False)
+    except zmq.Again:
+        break
+    last = time.monotonic()
+    first = first or last
+    received += sum(len(frame) for frame in frames)
+print(received, (last - first) if first else 0.0, flush=True)
+"""
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class _Sampler:
+    """Peak RSS of some processes, sampled every 50 ms while traffic runs."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.peak = {pid: 0.0 for pid in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for pid in self.peak:
+                try:
+                    self.peak[pid] = max(self.peak[pid], _rss_mb(pid))
+                except OSError:
+                    pass
+
+    def stop(self) -> dict[int, float]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _traffic_step(cluster: Cluster, rate_mbit: int | None) -> tuple[int, float]:
+    """Send for STEP_S at (at most) rate_mbit; returns (bytes received, seconds)."""
+    sender_netns = cluster.host("sender").netns
+    subprocess.run(["ip", "netns", "exec", sender_netns, "tc", "qdisc", "del", "dev", "eth0", "root"],
+                   capture_output=True)
+    if rate_mbit is not None:
+        subprocess.run(["ip", "netns", "exec", sender_netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                        "rate", f"{rate_mbit}mbit", "burst", "4mb", "latency", "100ms"], check=True)
+    address = f"tcp://{cluster.host('receiver').ip}:{ZMQ_PORT}"
+    receiver = cluster.popen("receiver", [str(TOOL_PYTHON), "-c", RECEIVER, f"tcp://*:{ZMQ_PORT}", "2"],
+                             stdout=subprocess.PIPE)
+    assert receiver.stdout.readline().strip() == b"bound"
+    sender = cluster.popen("sender", [str(TOOL_PYTHON), "-c", SENDER, address, str(STEP_S)])
+    sender.wait(timeout=STEP_S + 30)
+    received, seconds = receiver.stdout.read().split()
+    receiver.wait(timeout=30)
+    return int(received), float(seconds)
+
+
+def _capture_step(cluster: Cluster, rate_mbit: int | None, tool: str, out: Path) -> dict:
+    """One rate step captured on the receiver by `tool`: "dlcsniff", "dlcsniff --no-ebpf" or "tcpdump"."""
+    netns = cluster.host("receiver").netns
+    if tool == "tcpdump":
+        process = subprocess.Popen(["ip", "netns", "exec", netns, "tcpdump", "-i", "eth0", "-w", str(out / "t.pcap"),
+                                    "-s", "0", "-B", str(BUFFER_MB << 10), "-n", "-Z", "root", "tcp", "port",
+                                    str(ZMQ_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        pids = [process.pid]
+    else:
+        daemon = RunningDaemon(["--iface", "eth0", "--out", str(out / "d"), "--ports", str(ZMQ_PORT),
+                                "--buffer-mb", str(BUFFER_MB), *tool.split()[1:]], netns=netns)
+        daemon.wait_ready()
+        process = daemon.process
+        pids = [process.pid, *child_pids([process.pid])]
+    cpu_before = {pid: cpu_seconds([pid]) for pid in pids}
+    sampler = _Sampler(pids)
+    started = time.monotonic()
+    received, seconds = _traffic_step(cluster, rate_mbit)
+    elapsed = time.monotonic() - started
+    peaks = sampler.stop()
+    cpu = {pid: cpu_seconds([pid]) - cpu_before[pid] for pid in pids}
+    if tool == "tcpdump":
+        process.send_signal(signal.SIGINT)
+        _, errors = process.communicate(timeout=30)
+        dropped = int(re.search(r"(\d+) packets? dropped by kernel", errors).group(1))
+        packets = int(re.search(r"(\d+) packets? captured", errors).group(1))
+    else:
+        daemon.stop(signal.SIGINT, timeout_s=30)
+        info = json.loads((out / "d" / "capture.json").read_text())
+        files = [item for item in info["files"] if item["kind"] == "packets"]
+        dropped, packets = sum(item["dropped"] for item in files), sum(item["packets"] for item in files)
+    main = pids[0]
+    return {
+        "tool": tool, "tbf_mbit": rate_mbit, "gbps": round(received * 8 / max(seconds, 1e-9) / 1e9, 3),
+        "packets": packets, "dropped": dropped,
+        "cpu_percent": round(100 * cpu[main] / elapsed, 1), "rss_mb": round(peaks[main], 1),
+        "helper_cpu_percent": round(100 * sum(cpu[pid] for pid in pids[1:]) / elapsed, 1),
+        "helper_rss_mb": round(sum(peaks[pid] for pid in pids[1:]), 1),
+    }
+
+
+def capture_rate(tools: tuple[str, ...] = ("dlcsniff",), rates_mbit=(*RATES_MBIT, None)) -> dict:
+    steps = []
+    with tempfile.TemporaryDirectory(prefix="dlcsniff-bench-") as scratch, \
+            Cluster(f"bcr{os.getpid() % 100000}", ["sender", "receiver"]) as cluster:
+        for rate in rates_mbit:
+            for tool in tools:
+                out = Path(scratch) / f"{tool.replace(' ', '_')}-{rate}"
+                out.mkdir()
+                steps.append(_capture_step(cluster, rate, tool, out))
+    clean = [step for step in steps if step["tool"] == "dlcsniff" and step["dropped"] == 0]
+    best = max(clean, key=lambda step: step["gbps"], default=None)
+    return {"steps": steps, "highest_zero_drop_gbps": best and best["gbps"],
+            "at_that_rate": best and {key: best[key] for key in ("cpu_percent", "rss_mb", "helper_cpu_percent",
+                                                                  "helper_rss_mb")}}
+
+
+def compare_capture_tools(rates_mbit=(1000, 2000, None)) -> dict:
+    return capture_rate(("tcpdump", "dlcsniff --no-ebpf", "dlcsniff"), rates_mbit)["steps"]
+
+
+def _capture_bytes(directory: Path) -> int:
+    """Bytes of packet captures written under a job's directory (the daemons' and tcpdump's)."""
+    return sum(path.stat().st_size for path in directory.rglob("*.pcap"))
+
+
+def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) -> dict:
+    """Per model (batches): training-loop time without capture, with plain tcpdump on every node (what any
+    full-packet libpcap capture costs; with -s 96, what keeping only the headers of every packet costs: the
+    floor of any packet capture), with dlcsniff daemons keeping every byte (--no-ebpf, --full-payload)
+    and with the daemons as they run by default (probes, tensor values cut in the kernel), alternated run by
+    run; `ratios` are medians over the median without capture, `ratio` the default daemon's."""
+    modes = {"none": {"capture": None}, "tcpdump": {"capture": "tcpdump"},
+             "tcpdump -s 96": {"capture": "tcpdump", "tcpdump_snaplen": 96},
+             "dlcsniff --no-ebpf": {"capture": "dlcsniff", "daemon_args": ("--no-ebpf",)},
+             "dlcsniff --full-payload": {"capture": "dlcsniff", "daemon_args": ("--full-payload",)},
+             "dlcsniff": {"capture": "dlcsniff"}}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="dlcsniff-bench-") as scratch:
+        for model, batches in jobs.items():
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+            capture_mb: dict[str, list[float]] = {mode: [] for mode in modes}
+            for index in range(runs):
+                for mode, options in modes.items():
+                    directory = Path(scratch) / f"{model}-{mode.replace(' ', '_')}{index}"
+                    job = run_mxnet_job(directory, WORKLOAD_PYTHON, batches=batches, model=model, **options)
+                    times[mode].append(round(job.training_seconds(), 3))
+                    capture_cpu[mode].append(round(job.capture_cpu_s, 2))
+                    capture_mb[mode].append(round(_capture_bytes(directory) / 1e6, 1))
+                    shutil.rmtree(directory)
+            baseline = statistics.median(times["none"])
+            ratios = {mode: round(statistics.median(spans) / baseline, 4) for mode, spans in times.items()}
+            results[model] = {"ratio": ratios["dlcsniff"], "ratios": ratios, "training_seconds": times,
+                              "capture_cpu_seconds": capture_cpu, "capture_mb": capture_mb, "batches": batches}
+    return {"ratio": max(result["ratio"] for result in results.values()), "runs": runs, "models": results}
+
+
+def run() -> dict:
+    return {"mxnet_slowdown": mxnet_slowdown(), "capture_rate": capture_rate(),
+            "capture_tools": compare_capture_tools()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=1))

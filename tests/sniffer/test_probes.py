@@ -1,0 +1,394 @@
+"""The eBPF probes for real (root, CI here), each checked against what the traced program itself did:
+flow -> process attribution across two network namespaces (connections made before and after the
+daemon started), libzmq frame events of a pyzmq program, and the libnccl probes on a stand-in library.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
+from dlcsniff.sniffer import ebpf
+from dlcsniff.sniffer import procnet
+from lab.netns import Cluster
+from tests.conftest import require_root, require_tool, require_workloads
+from tests.support.daemon import TOOL_PYTHON, RunningDaemon
+
+pytestmark = pytest.mark.root
+
+PORT = 7200
+
+
+# -- /proc: sockets already open ---------------------------------------------------------------------------
+
+def test_parse_proc_net_tcp_lines():
+    ipv4 = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 100 0 0 10 0\n"
+            "   1: 020012C6:C350 010012C6:1C1E 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0 20 4 30 10 -1\n")
+    assert [(s.local_ip, s.local_port, s.remote_ip, s.remote_port, s.state, s.inode)
+            for s in procnet.parse_proc_net_tcp(ipv4, socket.AF_INET)] == [
+        ("127.0.0.1", 8080, "0.0.0.0", 0, 10, 4242), ("198.18.0.2", 50000, "198.18.0.1", 7198, 1, 4343)]
+    ipv6 = ("  sl  local_address                         remote_address                        st ...\n"
+            "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 "
+            "00:00000000 00000000     0        0 77 1 0 100 0 0 10 0\n")
+    assert [(s.local_ip, s.local_port, s.inode) for s in procnet.parse_proc_net_tcp(ipv6, socket.AF_INET6)] == [
+        ("::1", 8080, 77)]
+
+
+def test_socket_owners_finds_this_process_sockets():
+    require_root()
+    own_netns = os.stat("/proc/self/ns/net").st_ino
+    with socket.socket() as listener, socket.socket(socket.AF_INET6) as listener6:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener6.bind(("::1", 0))
+        listener6.listen()
+        owners = {owner.socket.inode: owner for owner in procnet.socket_owners(own_netns)}
+        for sock, ip in ((listener, "127.0.0.1"), (listener6, "::1")):
+            found = owners[os.fstat(sock.fileno()).st_ino]
+            assert (found.pid, found.socket.local_ip, found.socket.local_port, found.socket.state) == (
+                os.getpid(), ip, sock.getsockname()[1], 10)
+            assert found.comm == procnet.comm_of(os.getpid())
+
+
+# -- BTF: where the probes read kernel structures --------------------------------------------------------
+
+def _btf(types: list[bytes], names: list[str]) -> bytes:
+    """A BTF blob (linux/btf.h): header, type records, string section."""
+    strings = b"\0" + b"".join(name.encode() + b"\0" for name in names)
+    type_section = b"".join(types)
+    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(type_section), len(type_section), len(strings)) \
+        + type_section + strings
+
+
+def test_btf_member_offsets_through_anonymous_members_typedefs_and_bitfields():
+    names = ["int", "a", "b", "inner", "x", "y", "z", "outer", "tail", "inner_t"]
+    name_off = {name: 1 + sum(len(n) + 1 for n in names[:index]) for index, name in enumerate(names)}
+
+    def record(name, kind, vlen, size_or_type, kflag=0):
+        return struct.pack("<III", name_off.get(name, 0), (kflag << 31) | (kind << 24) | vlen, size_or_type)
+
+    def member(name, type_id, offset_bits):
+        return struct.pack("<III", name_off.get(name, 0), type_id, offset_bits)
+
+    types = [
+        record("int", 1, 0, 4) + struct.pack("<I", 32),                                      # 1: int
+        record("inner", 4, 2, 8) + member("a", 1, 0) + member("b", 1, 32),                     # 2: struct inner
+        record(None, 5, 2, 4) + member("y", 1, 0) + member("z", 1, 0),                         # 3: anonymous union
+        record("inner_t", 8, 0, 2),                                                            # 4: typedef inner_t
+        # 5: struct outer { int x:3 (kflag: bitfield size 3); union {y; z}; inner_t tail; }
+        record("outer", 4, 3, 16, kflag=1) + member("x", 1, (3 << 24) | 0) + member(None, 3, 32)
+        + member("tail", 4, 64),
+    ]
+    offsets = ebpf.btf_member_offsets(_btf(types, names), {
+        "Z": ("outer", "z"), "TAIL_B": ("outer", "tail.b"), "X": ("outer", "x"), "A": ("inner", "a")})
+    assert offsets == {"Z": 4, "TAIL_B": 12, "X": 0, "A": 0}
+    with pytest.raises(ebpf.EbpfUnavailable, match="no member tail.c"):
+        ebpf.btf_member_offsets(_btf(types, names), {"C": ("outer", "tail.c")})
+    with pytest.raises(ebpf.EbpfUnavailable, match="no struct missing"):
+        ebpf.btf_member_offsets(_btf(types, names), {"M": ("missing", "a")})
+
+
+def test_the_running_kernel_has_every_member_the_probes_read():
+    # (that they are the right ones shows in the live tests: namespace filtering, process names)
+    assert set(ebpf.kernel_offsets()) == set(ebpf.KERNEL_MEMBERS)
+
+
+# -- which libraries get uprobes ------------------------------------------------------------------------------
+
+def _nm_functions(path: Path) -> set[str]:
+    listing = subprocess.run([require_tool("nm"), "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    return {fields[2] for fields in map(str.split, listing.splitlines())
+            if len(fields) == 3 and fields[1] in "TtWi" and fields[2].startswith(("zmq_", "nccl"))}
+
+
+def test_elf_symbols_agree_with_nm_on_the_libraries_jobs_load(tmp_path):
+    workloads = require_workloads().parent.parent / "lib" / "python3.11" / "site-packages"
+    libmxnet = workloads / "mxnet" / "libmxnet.so"
+    pyzmq_libzmq = next((workloads / "pyzmq.libs").glob("libzmq*.so*"))
+    fake_nccl = tmp_path / "libnccl.so.2"
+    (tmp_path / "nccl.c").write_text(FAKE_NCCL)
+    subprocess.run([require_tool("gcc"), "-shared", "-fPIC", "-o", str(fake_nccl), str(tmp_path / "nccl.c")],
+                   check=True)
+    for path in (libmxnet, pyzmq_libzmq, fake_nccl, Path("/lib/x86_64-linux-gnu/libc.so.6")):
+        assert ebpf.elf_function_symbols(str(path)) == _nm_functions(path), path
+    assert ebpf.classify_library(ebpf.elf_function_symbols(str(libmxnet)))[0] == "libzmq"   # libzmq 4.2.2 inside
+    assert ebpf.classify_library(ebpf.elf_function_symbols(str(pyzmq_libzmq)))[0] == "libzmq"
+    library, probes = ebpf.classify_library(ebpf.elf_function_symbols(str(fake_nccl)))
+    assert library == "libnccl" and set(probes) == set(ebpf.NCCL_PROBES) - {"ncclCommInitRankConfig"}
+    # not ELF, or not a file: nothing to probe, no error
+    assert ebpf.elf_function_symbols(__file__) == set() == ebpf.elf_function_symbols(str(tmp_path))
+
+
+# -- flows across namespaces -----------------------------------------------------------------------------------
+
+SERVER = r"""
+import socket, sys, threading
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("0.0.0.0", int(sys.argv[1])))
+listener.listen()
+print("listening", flush=True)
+held = []
+def read_all(conn):
+    while conn.recv(65536):
+        pass
+for index in range(3):
+    conn, _ = listener.accept()
+    if index == 2:
+        held.append(conn)        # accepted, never read nor written
+    else:
+        threading.Thread(target=read_all, args=(conn,)).start()
+sys.stdin.readline()
+"""
+CLIENT = r"""
+import json, socket, sys
+server, port = sys.argv[1], int(sys.argv[2])
+first = socket.create_connection((server, port))
+print(json.dumps({"early": first.getsockname()[1]}), flush=True)
+sys.stdin.readline()
+second = socket.create_connection((server, port))
+second.sendall(b"y" * 100000)
+third = socket.create_connection((server, port))
+print(json.dumps({"late": [second.getsockname()[1], third.getsockname()[1]]}), flush=True)
+second.close()
+sys.stdin.readline()
+"""
+
+
+def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
+    require_root()
+    with Cluster(f"prb{os.getpid() % 100000}", ["server", "client"]) as cluster:
+        server_ip = cluster.host("server").ip
+        server = cluster.popen("server", [str(TOOL_PYTHON), "-c", SERVER, str(PORT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE)
+        assert server.stdout.readline().strip() == b"listening"
+        client = cluster.popen("client", [str(TOOL_PYTHON), "-c", CLIENT, server_ip, str(PORT)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        early_port = json.loads(client.stdout.readline())["early"]
+        daemons = {name: RunningDaemon(["--iface", "eth0", "--out", str(tmp_path / name), "--ports", str(PORT)],
+                                       netns=cluster.host(name).netns)
+                   for name in ("server", "client")}
+        try:
+            for daemon in daemons.values():
+                daemon.wait_ready()
+            client.stdin.write(b"go\n")
+            client.stdin.flush()
+            late_ports = json.loads(client.stdout.readline())["late"]
+            for process in (client, server):
+                process.stdin.write(b"done\n")
+                process.stdin.flush()
+                assert process.wait(timeout=30) == 0
+            for daemon in daemons.values():
+                assert daemon.stop() == 0, daemon.stderr
+        finally:
+            for daemon in daemons.values():
+                daemon.kill()
+    server_flows = load_capture_dir(tmp_path / "server").flows
+    client_flows = load_capture_dir(tmp_path / "client").flows
+
+    def owners(flows, **where) -> list[tuple]:
+        selected = flows
+        for column, value in where.items():
+            selected = selected[selected[column] == value]
+        return sorted(zip(selected["pid"], selected["comm"], selected["source"]))
+
+    # made before the daemons started: found in /proc
+    assert owners(server_flows, local_port=PORT, remote_port=early_port) == [(server.pid, "python", "proc")]
+    assert owners(client_flows, local_port=early_port, remote_port=PORT) == [(client.pid, "python", "proc")]
+    assert owners(server_flows, local_port=PORT, remote_port=0) == [(server.pid, "python", "proc")]
+    # made while they ran, from the probes: the server was already waiting in accept() for the first one
+    # (the probes saw that accept() return, not its call): its listener names the owner; the next accept()
+    # names it directly
+    first_port, second_port = late_ports
+    assert owners(server_flows, local_port=PORT, remote_port=first_port) == [(server.pid, "python", "listen")]
+    assert owners(server_flows, local_port=PORT, remote_port=second_port) == [(server.pid, "python", "accept")]
+    for port in late_ports:
+        assert owners(client_flows, local_port=port, remote_port=PORT) == [(client.pid, "python", "connect")]
+    # each daemon saw its own namespace only
+    assert set(server_flows["pid"].dropna()) == {server.pid}
+    assert set(client_flows["pid"].dropna()) == {client.pid}
+    assert set(server_flows.loc[server_flows["source"] != "proc", "local_ip"]) == {server_ip}
+
+
+# -- libzmq ---------------------------------------------------------------------------------------------------
+
+ZMQ_PROGRAM = r"""
+import json, sys
+import zmq
+print("imported", flush=True)
+sys.stdin.readline()
+context = zmq.Context()
+push = context.socket(zmq.PUSH)
+push.bind("tcp://127.0.0.1:7300")
+pull = context.socket(zmq.PULL)
+pull.connect("tcp://127.0.0.1:7300")
+messages = [[b"meta", b"x" * 5000], [b"solo"], [b"a" * 70000, b"", b"c" * 300]]
+done = []
+for frames in messages:
+    push.send_multipart(frames)
+    got = pull.recv_multipart()
+    assert got == frames
+    done.append([len(frame) for frame in frames])
+print(json.dumps(done), flush=True)
+"""
+
+
+def run_probed(tag: str, tmp_path, argv: list[str], ready: bytes, probing: str):
+    """In a namespace of its own with a daemon (out: tmp_path/node), run a program that prints `ready` once
+    it has loaded its library, waits for "go" on stdin (sent once the daemon's log says `probing`), then
+    prints one JSON line of what it did. Returns (the program's Popen, that JSON)."""
+    with Cluster(tag, ["node"]) as cluster:
+        daemon = RunningDaemon(["--iface", "lo", "--out", str(tmp_path / "node")], netns=cluster.host("node").netns)
+        try:
+            daemon.wait_ready()
+            program = cluster.popen("node", argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert program.stdout.readline().strip() == ready
+            daemon.wait_for(probing, 30)
+            program.stdin.write(b"go\n")
+            program.stdin.flush()
+            result = json.loads(program.stdout.readline())
+            assert program.wait(timeout=30) == 0
+            assert daemon.stop() == 0, daemon.stderr
+        finally:
+            daemon.kill()
+    return program, result
+
+
+def test_libzmq_frames_match_what_the_program_sent_and_received(tmp_path):
+    python = require_workloads()
+    program, sizes = run_probed(f"zmq{os.getpid() % 100000}", tmp_path, [str(python), "-c", ZMQ_PROGRAM],
+                                b"imported", r"probing libzmq in \S*libzmq")
+    loaded = load_capture_dir(tmp_path / "node")
+    zmq_events = loaded.zmq_events[loaded.zmq_events["pid"] == program.pid]
+    assert set(zmq_events["comm"]) == {"python"}
+    for direction, function in (("send", "zmq_msg_send"), ("recv", "zmq_msg_recv")):
+        frames = zmq_events[zmq_events["direction"] == direction].sort_values("ts_ns")
+        assert set(frames["function"]) == {function}
+        expected = [(size, index < len(message) - 1) for message in sizes for index, size in enumerate(message)]
+        assert list(zip(frames["size_bytes"], frames["more"])) == expected
+        assert frames["socket"].nunique() == 1 and (frames["ts_ns"] <= frames["return_ts_ns"]).all()
+    assert list(loaded.libraries["library"]) == ["libzmq"]
+    assert list(loaded.libraries["pid"]) == [program.pid]
+    messages = zmq_messages(loaded.zmq_events)
+    for direction in ("send", "recv"):
+        assert list(messages.loc[messages["direction"] == direction, "frame_sizes"]) == sizes
+    assert messages["complete"].all()
+
+
+# -- libnccl (stand-in) ---------------------------------------------------------------------------------------
+
+# NCCL cannot run here (no GPU, no CUDA). This library exports the same symbols with NCCL's signatures
+# (nccl.h: ncclComm_t and cudaStream_t are pointers, ncclDataType_t / ncclRedOp_t are int enums,
+# ncclUniqueId a 128-byte struct passed by value), so the uprobes attach and read arguments exactly as
+# they would on libnccl.so.2: registers for the first six, the stack for the 7th and 8th.
+FAKE_NCCL = r"""
+#include <stddef.h>
+typedef struct ncclComm *ncclComm_t;
+typedef void *cudaStream_t;
+typedef enum { ncclSuccess = 0 } ncclResult_t;
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+    *comm = (ncclComm_t)(size_t)(0xC0000 + 16 * rank + nranks);
+    return ncclSuccess;
+}
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t st) { return ncclSuccess; }
+ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t t, int root, ncclComm_t c,
+                           cudaStream_t st) { return ncclSuccess; }
+ncclResult_t ncclBcast(void *b, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st) {
+    return ncclSuccess; }
+ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
+                        ncclComm_t c, cudaStream_t st) { return ncclSuccess; }
+ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, ncclDataType_t t, ncclComm_t c,
+                           cudaStream_t st) { return ncclSuccess; }
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t c, cudaStream_t st) { return ncclSuccess; }
+ncclResult_t ncclSend(const void *s, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    return ncclSuccess; }
+ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    return ncclSuccess; }
+ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
+ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+"""
+NCCL_CALLER = r"""
+import ctypes, json, sys
+from ctypes import POINTER, byref, c_int, c_size_t, c_void_p
+lib = ctypes.CDLL(sys.argv[1])
+print("loaded", flush=True)
+sys.stdin.readline()
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+P, I, Z = c_void_p, c_int, c_size_t
+signatures = {"ncclCommInitRank": [POINTER(c_void_p), I, UniqueId, I], "ncclAllReduce": [P, P, Z, I, I, P, P],
+              "ncclBroadcast": [P, P, Z, I, I, P, P], "ncclBcast": [P, Z, I, I, P, P], "ncclReduce": [P, P, Z, I, I, I, P, P],
+              "ncclAllGather": [P, P, Z, I, P, P], "ncclReduceScatter": [P, P, Z, I, I, P, P],
+              "ncclSend": [P, Z, I, I, P, P], "ncclRecv": [P, Z, I, I, P, P], "ncclGroupStart": [], "ncclGroupEnd": []}
+for name, argtypes in signatures.items():
+    getattr(lib, name).argtypes = argtypes
+comm = c_void_p()
+assert lib.ncclCommInitRank(byref(comm), 4, UniqueId(), 2) == 0
+c, stream = comm.value, 0x5EA0
+calls = [
+    ("ncclGroupStart",),
+    ("ncclAllReduce", 0x1000, 0x2000, 1 << 20, 7, 0, c, stream),
+    ("ncclBroadcast", 0x1100, 0x2100, 4096, 9, 3, c, stream),
+    ("ncclBcast", 0x1200, 512, 2, 1, c, stream),
+    ("ncclReduce", 0x1300, 0x2300, 777, 8, 2, 3, c, stream),
+    ("ncclAllGather", 0x1400, 0x2400, 1000, 6, c, stream),
+    ("ncclReduceScatter", 0x1500, 0x2500, 250000, 7, 4, c, stream),
+    ("ncclSend", 0x1600, 33, 4, 1, c, stream),
+    ("ncclRecv", 0x2700, 33, 4, 3, c, stream),
+    ("ncclGroupEnd",),
+]
+for name, *args in calls:
+    assert getattr(lib, name)(*args) == 0
+print(json.dumps({"comm": c, "calls": calls}), flush=True)
+"""
+
+
+def test_nccl_probes_read_every_argument_of_a_stand_in_libnccl(tmp_path):
+    require_root()
+    library = tmp_path / "libnccl.so.2"
+    source = tmp_path / "fake_nccl.c"
+    source.write_text(FAKE_NCCL)
+    subprocess.run([require_tool("gcc"), "-shared", "-fPIC", "-O2", "-o", str(library), str(source)], check=True)
+    caller, record = run_probed(f"ncl{os.getpid() % 100000}", tmp_path,
+                                [str(TOOL_PYTHON), "-c", NCCL_CALLER, str(library)],
+                                b"loaded", r"probing libnccl in \S*libnccl\.so\.2")
+    nccl = load_capture_dir(tmp_path / "node").nccl_events.sort_values("ts_ns")
+    assert (nccl["pid"] == caller.pid).all()
+    got = [tuple(None if pd.isna(value) else value for value in row) for row in nccl[["function", "sendbuff", "recvbuff", "count", "datatype", "op", "peer",
+                                       "comm_handle", "stream"]].itertuples(index=False)]
+    comm, stream, sum_op = record["comm"], 0x5EA0, "sum"
+    assert got == [
+        ("ncclGroupStart", 0, 0, 0, -1, None, -1, 0, 0),
+        ("ncclAllReduce", 0x1000, 0x2000, 1 << 20, 7, sum_op, -1, comm, stream),
+        ("ncclBroadcast", 0x1100, 0x2100, 4096, 9, None, 3, comm, stream),
+        ("ncclBcast", 0x1200, 0x1200, 512, 2, None, 1, comm, stream),
+        ("ncclReduce", 0x1300, 0x2300, 777, 8, "max", 3, comm, stream),
+        ("ncclAllGather", 0x1400, 0x2400, 1000, 6, None, -1, comm, stream),
+        ("ncclReduceScatter", 0x1500, 0x2500, 250000, 7, "avg", -1, comm, stream),
+        ("ncclSend", 0x1600, 0, 33, 4, None, 1, comm, stream),
+        ("ncclRecv", 0, 0x2700, 33, 4, None, 3, comm, stream),
+        ("ncclGroupEnd", 0, 0, 0, -1, None, -1, 0, 0),
+    ]
+    # the communicator's rank and size come from ncclCommInitRank; sizes from NCCL's data types
+    collectives = nccl[nccl["comm_handle"] == comm]
+    assert set(collectives["rank"]) == {2} and set(collectives["nranks"]) == {4}
+    assert list(collectives["size_bytes"]) == [4 << 20, 4096 * 2, 512 * 4, 777 * 8, 1000 * 2, 250000 * 4, 33 * 8,
+                                               33 * 8]
+    assert list(collectives["dtype"]) == ["float32", "bfloat16", "int32", "float64", "float16", "float32", "int64",
+                                          "int64"]
