@@ -337,7 +337,9 @@ def capture(
 
     Example: dlcsniff capture --iface eth0 --out /var/lib/dlcsniff/job1 --ports 9000-9300 --max-disk-mb 20000
     """
-    from dlcsniff.sniffer.daemon import CaptureError, CaptureOptions, print_bpf_program, run_capture
+    from dlcsniff.sniffer.daemon import run_capture
+    from dlcsniff.sniffer.options import CaptureOptions, DaemonError
+    from dlcsniff.sniffer.probe_recorder import print_bpf_program
 
     if print_bpf:
         print(print_bpf_program())
@@ -352,7 +354,7 @@ def capture(
         # The daemon's own plain stderr lines: after the switch to an unprivileged user it must not need
         # anything (a lazily imported module) it can no longer read.
         result = run_capture(options)
-    except CaptureError as exc:
+    except DaemonError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
     except OSError as exc:

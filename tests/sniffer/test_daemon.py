@@ -21,7 +21,9 @@ import pytest
 from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir
 from dlcsniff.decoders.formats import probe_events as ev
-from dlcsniff.sniffer.daemon import FORMAT, CaptureError, DiskBudget, capture_filter, parse_ports
+from dlcsniff.decoders.formats.capture_dir import FORMAT
+from dlcsniff.sniffer.capture_dir import DiskBudget
+from dlcsniff.sniffer.options import DaemonError, capture_filter, parse_ports
 from lab.netns import Cluster
 from tests.conftest import REPO, require_root, require_tool
 from tests.support.daemon import DLCSNIFF, TOOL_PYTHON, RunningDaemon
@@ -121,7 +123,7 @@ def test_ports_and_filter_expression():
         "(host 198.18.0.1) and (tcp port 9091 or tcp portrange 9100-9200)"
     assert capture_filter(None, None) is None
     for bad in ("0", "70000", "9200-9100", "80;ls", ""):
-        with pytest.raises(CaptureError, match="--ports"):
+        with pytest.raises(DaemonError, match="--ports"):
             parse_ports(bad)
 
 
