@@ -15,7 +15,7 @@ from dlcsniff.analysis.latency import JobStats, job_statistics
 from dlcsniff.analysis.load import (AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset,
                                     load_job_view)
 from dlcsniff.decoders.timeline import JobView
-from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records
+from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records, pslite_trace
 from dlcsniff.analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
@@ -29,11 +29,6 @@ __all__ = [
 
 def trace_of(decode_dir: str | Path) -> Trace:
     return build_records(load_dataset(decode_dir))
-
-
-def pslite_trace(dataset: Dataset) -> Trace | None:
-    """The job's ps-lite trace; None when it has no ps-lite message (a collective-library job)."""
-    return build_records(dataset) if len(dataset.messages) else None
 
 
 def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace, list[DlcFile]]:

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from dlcsniff.analysis.load import CollectiveDataset, load_collectives
-from dlcsniff.analysis.summary import describe, human_bytes
+from dlcsniff.analysis.describe import describe, human_bytes
 
 P2P_KINDS = ("send", "recv")
 SEND_RECV = "send_recv"

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlcsniff.analysis import pslite_trace
 from dlcsniff.analysis.collective_stats import collective_statistics_of
 from dlcsniff.analysis.latency import job_statistics
 from dlcsniff.analysis.load import load_dataset
+from dlcsniff.analysis.operations import pslite_trace
 from dlcsniff.analysis.summary import Stats, compute_stats, write_stats
 from dlcsniff.decoders.dask_cluster import cluster_failures, dask_client, worker_path
 

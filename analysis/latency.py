@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 from dlcsniff.decoders.clocks import align
 from dlcsniff.analysis.load import load_job_view, read_columns
 from dlcsniff.decoders.timeline import JobView, connection_names
-from dlcsniff.analysis.summary import describe
+from dlcsniff.analysis.describe import describe
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
                 "unsplit_ns")

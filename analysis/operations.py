@@ -394,3 +394,8 @@ def _node_table(vantage: pd.DataFrame, topology: Topology) -> pd.DataFrame:
         "vantage": np.where(per_node["own"].to_numpy(), "own", "peers"), "captures": per_node["captures"].to_numpy(),
     })
     return table[table["role"] != "unknown"].sort_values("dlc_rank", ignore_index=True)
+
+
+def pslite_trace(dataset: Dataset) -> Trace | None:
+    """The job's ps-lite trace; None when it has no ps-lite message (a collective-library job)."""
+    return build_records(dataset) if len(dataset.messages) else None

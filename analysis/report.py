@@ -25,7 +25,8 @@ from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, DLC_OPERATIONS, LONG_OPERATIONS, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Trace,
 )
-from dlcsniff.analysis.summary import ITERATION_STATISTICS, KEY_STATISTICS, Stats, headline, human_bytes
+from dlcsniff.analysis.describe import human_bytes
+from dlcsniff.analysis.summary import ITERATION_STATISTICS, KEY_STATISTICS, Stats, headline
 
 CDF_POINTS = 512                  # quantiles drawn per operation: enough for a smooth curve at any size
 MAX_TIMELINE_WORKERS = 8

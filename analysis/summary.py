@@ -9,22 +9,20 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from dlcsniff.analysis.collective_stats import CollectiveStats
+from dlcsniff.analysis.describe import describe, human_bytes
 from dlcsniff.analysis.iterations import worker_iterations
+from dlcsniff.analysis.latency import JobStats
 from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
 from dlcsniff.analysis.overheads import key_overheads
 from dlcsniff.analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
 
-if TYPE_CHECKING:
-    from dlcsniff.analysis.collective_stats import CollectiveStats
-    from dlcsniff.analysis.latency import JobStats
 
-QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",
                         "overlap_ratio", "wait_s")
 KEY_STATISTICS = ("sync_overhead_us", "update_overhead_us", "search_overhead_us")
@@ -50,18 +48,6 @@ class Stats:
                   "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys}
         return {**{name: table for name, table in pslite.items() if table is not None}, **self.job_tables,
                 **(self.collectives.tables() if self.collectives is not None else {})}
-
-
-def describe(values: pd.Series | np.ndarray) -> dict | None:
-    """count, mean, min, percentiles and max of the finite values; None when there are none."""
-    array = np.asarray(values, dtype=np.float64)
-    array = array[np.isfinite(array)]
-    if len(array) == 0:
-        return None
-    found = {"count": int(len(array)), "mean": float(array.mean()), "min": float(array.min())}
-    found.update({name: float(np.quantile(array, q)) for name, q in QUANTILES.items()})
-    found["max"] = float(array.max())
-    return found
 
 
 def _summary(trace: Trace, iterations: pd.DataFrame, keys: pd.DataFrame, sizes: pd.DataFrame,
@@ -168,15 +154,6 @@ def write_stats(stats: Stats, out_dir: str | Path) -> list[Path]:
 def _mean(summary: dict, name: str, scale: float, unit: str) -> str:
     found = summary["statistics"].get(name)
     return "n/a" if found is None else f"{found['mean'] * scale:,.2f} {unit}"
-
-
-def human_bytes(size: float | None) -> str:
-    if size is None:
-        return "n/a"
-    for unit, factor in (("MB", 1e6), ("kB", 1e3)):
-        if size >= factor:
-            return f"{size / factor:.2f} {unit}"
-    return f"{size:.0f} B"
 
 
 def headline(summary: dict) -> list[tuple[str, str]]:

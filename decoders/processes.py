@@ -14,7 +14,6 @@ An (ip, port) reused by another process during the capture is attributed to its 
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 NULLABLE = {"pid": "Int64", "sender_pid": "Int64", "recver_pid": "Int64", "api_ts_ns": "Int64",
             "send_queue_delay_ns": "Int64"}

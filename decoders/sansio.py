@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-class _Sentinel:
+class Sentinel:
+    """A named marker value (NEED_DATA)."""
+
     __slots__ = ("_name",)
 
     def __init__(self, name: str):
@@ -20,7 +22,7 @@ class _Sentinel:
         return self._name
 
 
-NEED_DATA = _Sentinel("NEED_DATA")
+NEED_DATA = Sentinel("NEED_DATA")
 """Returned by `next_event` when no event can be produced from the bytes received so far."""
 
 

@@ -11,8 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, FORMAT, SET_FILE_RE
-from dlcsniff.sniffer.libpcap import write_error
-from dlcsniff.sniffer.options import bad_option
+from dlcsniff.sniffer.options import bad_option, write_error
 
 JSON_BYTES_PER_FILE = 512          # capture.json growth per file it lists (disk budget reserve)
 JSON_BYTES_BASE = 16384

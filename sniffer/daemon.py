@@ -56,41 +56,13 @@ from pathlib import Path
 
 from dlcsniff.decoders.formats import probe_events as events
 from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, PCAP_NAME, PROBES_NAME
-from dlcsniff.sniffer.capture_dir import (
-    CaptureDirectory,
-    DiskBudget,
-    FileEntry,
-    directory_usage,
-    now_ns,
-)
-from dlcsniff.sniffer.libpcap import (
-    PCAP_FILE_HEADER_BYTES,
-    PCAP_RECORD_HEADER_BYTES,
-    PCAP_TIMEOUT_MS,
-    LivePcap,
-    PcapFile,
-    write_error,
-)
-from dlcsniff.sniffer.options import (
-    EXIT_OK,
-    LINK_HEADER_BYTES,
-    MAX_SNAPLEN,
-    MB,
-    CaptureOptions,
-    DaemonError,
-    bad_option,
-    capture_filter,
-    check_options,
-    full_payload_reason,
-    resolve_user,
-)
+from dlcsniff.sniffer.capture_dir import CaptureDirectory, DiskBudget, FileEntry, directory_usage, now_ns
+from dlcsniff.sniffer.libpcap import (PCAP_FILE_HEADER_BYTES, PCAP_RECORD_HEADER_BYTES, PCAP_TIMEOUT_MS, LivePcap,
+                                      PcapFile, write_error)
+from dlcsniff.sniffer.options import (EXIT_OK, LINK_HEADER_BYTES, MAX_SNAPLEN, MB, CaptureOptions, DaemonError,
+                                      bad_option, capture_filter, check_options, full_payload_reason, resolve_user)
 from dlcsniff.sniffer.privileges import drop_privileges
-from dlcsniff.sniffer.probe_recorder import (
-    EbpfStatus,
-    PayloadCut,
-    ProbeRecorder,
-    start_probes,
-)
+from dlcsniff.sniffer.probe_recorder import EbpfStatus, PayloadCut, ProbeRecorder, start_probes
 
 # The loop wakes on a clock, not on each ring block the kernel retires: a wake costs some Python (~50 us),
 # a block holds only a few hundred packets, and waking per block cost 25% more CPU per packet than
@@ -276,7 +248,7 @@ class _RunState:
         name = PCAP_NAME.format(set=self.directory.set, index=self.pcap_index)
         if not self.budget.reserve(name, PCAP_FILE_HEADER_BYTES + self.pcap.max_record_bytes):
             raise _budget_used_up(self.options.max_disk_mb)
-        self.pcap_file = self.pcap.open_file(self.directory, name)
+        self.pcap_file = self.pcap.open_file(self.directory.path / name, self.directory.create_file(name))
         self.pcap_entry = self.directory.add_file("packets", name)
         self.pcap_entry.packets = 0
         self._dropped_at_file_start = self.pcap.dropped()

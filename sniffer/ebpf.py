@@ -30,9 +30,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlcsniff.decoders.formats.probe_events import (NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, Kind,
+                                                    layout_cflags)
 from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
 from dlcsniff.sniffer import procnet
-from dlcsniff.decoders.formats.probe_events import Kind, NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS, RINGBUF_KIND_COUNT, layout_cflags
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
 # One program, one compile, one ring buffer: the daemon reads every probe's events in one time-ordered
@@ -312,7 +313,7 @@ class ProbeSession:
 
     def __init__(self, cflags: list[str], *, snap: bool = False) -> None:
         try:
-            from bcc import BPF   # noqa: PLC0415 - the one bcc import, in the probe helper only
+            from bcc import BPF  # noqa: PLC0415 - the one bcc import, in the probe helper only
         except ImportError as exc:
             raise EbpfUnavailable(f"bcc is not importable ({exc}): install python3-bpfcc") from None
         try:

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from dlcsniff.sniffer.options import (
-    EXIT_BAD_OPTIONS,
-    EXIT_DISK_FULL,
-    EXIT_FAILED,
-    MAX_SNAPLEN,
-    DaemonError,
-    bad_option,
-)
-
-if TYPE_CHECKING:
-    from dlcsniff.sniffer.capture_dir import CaptureDirectory
+from dlcsniff.sniffer.options import EXIT_BAD_OPTIONS, EXIT_FAILED, MAX_SNAPLEN, DaemonError, bad_option, write_error
 
 PCAP_TIMEOUT_MS = 100              # TPACKET_V3 block timeout: packets wait in the kernel at most this long
 STDIO_BUFFER_BYTES = 1 << 20
@@ -114,8 +102,9 @@ class LivePcap:
         # pcap_dump itself is the per-packet callback: packets go from the kernel ring to the file in C.
         self._dump = _PCAP_HANDLER(ctypes.cast(lib.pcap_dump, ctypes.c_void_p).value)
 
-    def open_file(self, directory: CaptureDirectory, name: str) -> PcapFile:
-        return PcapFile(self._lib, self._handle, directory, name)
+    def open_file(self, path: Path, fd: int) -> PcapFile:
+        """A pcap file of this capture on `fd`, a new file opened for writing at `path`."""
+        return PcapFile(self._lib, self._handle, path, fd)
 
     def dispatch(self, file: PcapFile, max_packets: int) -> int:
         """Write up to max_packets waiting packets to `file`; returns how many."""
@@ -140,11 +129,10 @@ class LivePcap:
 class PcapFile:
     """One pcap file being written (created 0600, never overwriting)."""
 
-    def __init__(self, lib: ctypes.CDLL, handle: int, directory: CaptureDirectory, name: str) -> None:
+    def __init__(self, lib: ctypes.CDLL, handle: int, path: Path, fd: int) -> None:
         self._lib = lib
-        self.name = name
-        self.path = directory.path / name
-        fd = directory.create_file(name)
+        self.name = path.name
+        self.path = path
         stream = _libc.fdopen(fd, b"wb")
         if not stream:
             os.close(fd)
@@ -168,9 +156,3 @@ class PcapFile:
             self.flush()
             self._lib.pcap_dump_close(self.dumper)
             self.dumper = None
-
-
-def write_error(path: Path, code: int) -> DaemonError:
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return DaemonError(f"disk full writing {path}: capture stopped", EXIT_DISK_FULL)
-    return DaemonError(f"cannot write {path}: {os.strerror(code)}")

@@ -2,6 +2,8 @@
 error."""
 from __future__ import annotations
 
+import errno
+import os
 import pwd
 import re
 import socket
@@ -127,3 +129,9 @@ def check_options(options: CaptureOptions) -> None:
         if not library.is_file():
             raise bad_option(f"--lib: {library} is not a file")
     capture_filter(options.filter, options.ports)
+
+
+def write_error(path: Path, code: int) -> DaemonError:
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return DaemonError(f"disk full writing {path}: capture stopped", EXIT_DISK_FULL)
+    return DaemonError(f"cannot write {path}: {os.strerror(code)}")

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.sansio import NEED_DATA
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 
 FILE_MAGIC = b"DLCPRB\x00\x01"
 FILE_HEADER_LEN = struct.Struct("<I")
@@ -418,7 +418,7 @@ class ProbeFileDecoder:
             raise DecodeError(f"probe file header is not JSON: {exc}") from None
         return True
 
-    def next_event(self) -> Event | BadRecord | type(NEED_DATA):
+    def next_event(self) -> Event | BadRecord | Sentinel:
         """The next event, a BadRecord for one that does not decode, or NEED_DATA."""
         if self.header is None and not self._read_header():
             return NEED_DATA

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dlcsniff.decoders.errors import CaptureError, DecodeError
+from dlcsniff.decoders.errors import CaptureError
 
 CHUNK_BYTES = 4 << 20
 # No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length

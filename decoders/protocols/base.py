@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, Union
+from typing import TYPE_CHECKING, ClassVar, Protocol, Union, runtime_checkable
 
-from dlcsniff.decoders.sansio import NEED_DATA
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,6 +78,7 @@ class Count:
 ProtocolEvent = Union[Row, StreamColumns, ExtraStream, Count]
 
 
+@runtime_checkable
 class ProtocolDecoder(Protocol):
     """What a protocol decoder offers the capture decoder (see the module doc)."""
 
@@ -92,7 +93,7 @@ class ProtocolDecoder(Protocol):
     def skippable_bytes(self, stream_id: int) -> int: ...
     def skip(self, stream_id: int, size: int, ts_ns: int) -> None: ...
     def end_of_capture(self) -> None: ...
-    def next_event(self) -> ProtocolEvent | type(NEED_DATA): ...
+    def next_event(self) -> ProtocolEvent | Sentinel: ...
 
 
 class ProtocolDecoderBase:
@@ -116,7 +117,7 @@ class ProtocolDecoderBase:
     def skip(self, stream_id: int, size: int, ts_ns: int) -> None:
         raise AssertionError(f"{self.name} never offered bytes to skip")
 
-    def next_event(self) -> ProtocolEvent | type(NEED_DATA):
+    def next_event(self) -> ProtocolEvent | Sentinel:
         return self._events.popleft() if self._events else NEED_DATA
 
     def _emit(self, event: ProtocolEvent) -> None:

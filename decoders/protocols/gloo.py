@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from dlcsniff.decoders.protocols import tcpstore
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.sansio import NEED_DATA, Resync
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel, Resync
 from dlcsniff.decoders.packet import ip_to_str
 from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection, frame_rows
 from dlcsniff.decoders.tcp import StreamKey
@@ -238,7 +238,7 @@ class GlooStreamDecoder:
         self._scan_tail = b""
         self._unsynced_bytes = 0
 
-    def next_event(self) -> GlooEvent | type(NEED_DATA):
+    def next_event(self) -> GlooEvent | Sentinel:
         return self._events.popleft() if self._events else NEED_DATA
 
     # -- states -----------------------------------------------------------------------------------

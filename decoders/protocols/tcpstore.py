@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.sansio import NEED_DATA
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 
 VALIDATION_MAGIC = 0x3C85F7CE
 MAX_MESSAGE_BYTES = 1 << 26
@@ -277,7 +277,7 @@ class TcpStoreConnection:
         self._awaiting.clear()
         self.lost_bytes += self._requests.discard() + self._responses.discard()
 
-    def next_event(self) -> StoreExchange | type(NEED_DATA):
+    def next_event(self) -> StoreExchange | Sentinel:
         """The next query with its response (None: none came), or NEED_DATA."""
         return self._exchanges.popleft() if self._exchanges else NEED_DATA
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
-from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed, Resync
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel, DecodeFailed, Resync
 
 # -- wire format ----------------------------------------------------------------------------------
 
@@ -391,7 +391,7 @@ class ZmtpDecoder:
         self._queue.skip(size, ts_ns)
         self._frame_remaining -= size
 
-    def next_event(self) -> ZmtpEvent | _Sentinel:
+    def next_event(self) -> ZmtpEvent | Sentinel:
         """The next event, or NEED_DATA. Never raises on bad input."""
         events = self._events
         while not events:

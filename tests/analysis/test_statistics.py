@@ -13,7 +13,7 @@ from dlcsniff.analysis.iterations import ITERATION_COLUMNS
 from dlcsniff.analysis.load import NODE_COLUMNS, Dataset
 from dlcsniff.analysis.operations import build_records
 from dlcsniff.analysis.overheads import KEY_COLUMNS
-from dlcsniff.analysis.summary import describe
+from dlcsniff.analysis.describe import describe
 from tests.bench.analysis import SyntheticJob, synthetic_messages
 
 JOBS = {
