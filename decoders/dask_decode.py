@@ -14,11 +14,11 @@ from typing import Callable, Iterable
 from dlcsniff.decoders.capture_decoder import decode_capture
 from dlcsniff.decoders.dask_cluster import cluster_failures, dask_client, worker_path
 from dlcsniff.decoders.inputs.capture_set import ProgressFn, expand_inputs
-from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, Dataset, build_dataset, with_processes
+from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, DecodedJob, build_dataset, with_processes
 
 
 def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, workers: int | None = None,
-                      progress_total: Callable[[int], ProgressFn] | None = None) -> Dataset:
+                      progress_total: Callable[[int], ProgressFn] | None = None) -> DecodedJob:
     """Decode captures (files or directories of them) of one job into one dataset, one Dask task per capture
     (the largest first); progress advances by a capture's size as its task finishes."""
     from distributed import as_completed

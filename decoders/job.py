@@ -19,7 +19,8 @@ FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: 
 
 
 @dataclass
-class Dataset:
+class DecodedJob:
+    """A job's decode tables (decoders.schema, before the timeline is added by decoders.output) and its summary."""
     tables: dict[str, pa.Table]
     summary: dict
 
@@ -38,7 +39,7 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
     return out
 
 
-def build_dataset(results: list[CaptureResult]) -> Dataset:
+def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
     from dlcsniff.decoders.pslite_job import resolve_pslite
     from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
@@ -58,7 +59,7 @@ def build_dataset(results: list[CaptureResult]) -> Dataset:
     }
     summary = _summary(results, tables)
     summary["unattributed_messages"] = unattributed
-    return Dataset(tables=tables, summary=summary)
+    return DecodedJob(tables=tables, summary=summary)
 
 
 ROCE_COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
@@ -103,7 +104,7 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
 
 
 def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], ProgressFn] | None = None,
-                 workers: int | None = None) -> Dataset:
+                 workers: int | None = None) -> DecodedJob:
     """Decode captures (files or directories of them) of one job into one dataset.
 
     Captures are decoded in `workers` forked processes (default: one per core, when the input is large
@@ -124,7 +125,7 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], Prog
     return with_processes(build_dataset(results), paths)
 
 
-def with_processes(dataset: Dataset, captures: list[CaptureInput]) -> Dataset:
+def with_processes(dataset: DecodedJob, captures: list[CaptureInput]) -> DecodedJob:
     """Captures from a capture daemon's directories: who owned each connection, and when libzmq was
     handed each message (decoders.processes)."""
     if all(c.directory is None for c in captures):

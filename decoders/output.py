@@ -21,7 +21,7 @@ from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
 
 if TYPE_CHECKING:
-    from dlcsniff.decoders.job import Dataset
+    from dlcsniff.decoders.job import DecodedJob
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dlcsniff-decode/1"
@@ -38,7 +38,7 @@ def job_view_summary(view) -> dict:
             "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}
 
 
-def write_decode_output(dataset: Dataset, out_dir: Path, *, inputs: Sequence[Path] = (),
+def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: Sequence[Path] = (),
                         command: Sequence[str] | None = None) -> dict:
     """Write `dataset` (decoders.job.decode_paths) and its timeline into out_dir; returns the job view's
     summary (`job_view_summary`)."""

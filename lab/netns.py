@@ -47,6 +47,21 @@ TCPDUMP_STATS_RE = {
 }
 
 
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait until the killed processes are dead (gone, or zombies left to their parents): a SIGKILL takes effect
+    when the process next runs, which on busy cores can be a while after the kill."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    if stat.read().split(") ", 1)[1][0] in "ZX":
+                        break
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            time.sleep(0.01)
+
+
 class NetnsError(RuntimeError):
     """A namespace, link or capture could not be set up or used."""
 
@@ -313,6 +328,7 @@ class Cluster:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            _wait_gone([int(pid) for pid in pids], grace_s)
             try:
                 _run(["ip", "netns", "del", netns])
             except NetnsError as exc:
