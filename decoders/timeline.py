@@ -13,8 +13,10 @@ sender's and at its receiver's. Here the observations of one message become one 
   message, and its last byte when both ends saw it whole.
 
 events.parquet (EVENT_COLUMNS), one row per message of the job:
-- its fields, from the send side's observation, else the receive side's, else an observer's (message_row:
-  that observation's row in messages.parquet); `complete`: every capture that saw it saw it whole;
+- its fields, from an observation that saw it whole if there is one (a capture hole may have cut it short in
+  one capture and not in its peer's), and of those from the send side's, else the receive side's, else an
+  observer's (message_row: that observation's row in messages.parquet); `complete`: every capture that saw
+  it saw it whole;
 - send_capture, send_first_ns, send_last_ns and recv_capture, recv_first_ns, recv_last_ns: where and when
   each end saw it, in that capture's own clock; observer_capture; observations (how many captures saw it);
 - the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
@@ -117,9 +119,11 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame) -> JobView:
     sides = {side: obs[obs[f"{side}_side"]].drop_duplicates("event_id").set_index("event_id")   # time order
              for side in SIDES}
     observer = obs[~obs["send_side"] & ~obs["recv_side"]].drop_duplicates("event_id").set_index("event_id")
-    # the fields from the send side, else the receive side, else an observer
+    # the fields from an observation that saw the whole message, and among those from the send side, else the
+    # receive side, else an observer
     preference = np.select([obs["send_side"].to_numpy(), obs["recv_side"].to_numpy()], [0, 1], 2)
-    order = np.lexsort([preference, obs["event_id"].to_numpy()])
+    partial = ~obs["complete"].fillna(False).to_numpy(bool)
+    order = np.lexsort([preference, partial, obs["event_id"].to_numpy()])
     source = obs.iloc[order].drop_duplicates("event_id").set_index("event_id")
     ids = np.arange(n_events)
     events = source.reindex(ids)[["connection", "message_row", *ATTRIBUTES]].reset_index(names="event_id")

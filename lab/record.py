@@ -67,6 +67,8 @@ class MXNetJobSpec:
     num_servers: int = 2
     num_workers: int = 2
     bigarray_bound: int | None = None
+    # tcpdump's kernel buffer (-B, KiB): small ones make the capture lose packets, as busy nodes' captures do
+    capture_buffer_kib: int | None = None
 
 
 MXNET_JOBS = {
@@ -176,11 +178,12 @@ def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float) -> None:
 
 
 def _start_node(cluster: Cluster, job_dir: Path, workload_python: str, name: str, role: str, script: str,
-                args: list[str], env: dict, port: int | None = None) -> NodeRun:
+                args: list[str], env: dict, port: int | None = None, buffer_kib: int | None = None) -> NodeRun:
     """Start a node's capture, then its workload: logging to <name>.log, recording to <name>.json. The
     capture listens on "any": eth0 plus lo, where a process's messages to itself travel (ps-lite's
     scheduler answers its own barriers there, every node sends itself TERMINATE)."""
-    capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any")
+    options = {} if buffer_kib is None else {"buffer_kib": buffer_kib}
+    capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any", **options)
     record_path = job_dir / f"{name}.json"
     argv = [workload_python, str(WORKLOADS_DIR / script), *args, "--record", str(record_path)]
     with open(job_dir / f"{name}.log", "wb") as log:
@@ -269,7 +272,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
             args = ["--model", spec.model, "--kvstore", spec.kvstore, "--batches", str(spec.batches),
                     "--batch-size", str(spec.batch_size)]
             nodes.append(_start_node(cluster, job_dir, workload_python, name, role, "mxnet_job.py", args,
-                                     node_env, port))
+                                     node_env, port, spec.capture_buffer_kib))
         node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
@@ -297,6 +300,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         "num_servers": spec.num_servers,
         "num_workers": spec.num_workers,
         "bigarray_bound": spec.bigarray_bound,
+        "capture_buffer_kib": spec.capture_buffer_kib,
         "env": job_env,
         "subnet": str(cluster.subnet),
         "mtu": cluster.mtu,
@@ -434,13 +438,15 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--workers", type=int, default=2)
             sub.add_argument("--bigarray-bound", type=int, default=None,
                              help="MXNET_KVSTORE_BIGARRAY_BOUND (elements) for the job")
+            sub.add_argument("--capture-buffer-kib", type=int, default=None,
+                             help="tcpdump's kernel buffer per node (small: the captures lose packets)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if os.geteuid() != 0:
-        print("sniffer.record needs root (network namespaces, tcpdump)", file=sys.stderr)
+        print("lab.record needs root (network namespaces, tcpdump)", file=sys.stderr)
         return 2
     if not os.access(args.workload_python, os.X_OK):
         print(f"no workload python at {args.workload_python} (`make workloads` creates it)", file=sys.stderr)
@@ -454,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = [GLOO_JOB]
     else:
         jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
-                             args.servers, args.workers, args.bigarray_bound)]
+                             args.servers, args.workers, args.bigarray_bound, args.capture_buffer_kib)]
     try:
         for job in jobs:
             began = time.monotonic()

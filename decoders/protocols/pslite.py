@@ -43,6 +43,8 @@ ROLE_NAMES = ("server", "worker", "scheduler", "joint")
 DATA_TYPE_NAMES = ("CHAR", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
                    "FLOAT", "DOUBLE", "OTHER")
 DATA_TYPE_INT32 = 3                  # the lens frame (SArray<int>)
+# bytes per item of each ps::DataType (OTHER: unknown)
+DATA_TYPE_ITEM_BYTES = dict(zip(range(11), (1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8)))
 DATA_TYPE_UINT64 = 8                 # the keys frame (SArray<Key>, Key = uint64_t)
 KEYS_FRAME, VALS_FRAME, LENS_FRAME = range(3)   # data frame positions used by KVWorker/KVServer
 
@@ -98,7 +100,7 @@ class PsMeta:
 @dataclass(frozen=True, slots=True)
 class PsMessage:
     meta: PsMeta
-    data_sizes: tuple[int, ...]      # one per data frame (the frames after the meta)
+    data_sizes: tuple[int | None, ...]   # one per data frame the meta announces (None: a capture hole took its size)
     keys: tuple[int, ...]            # u64 ps keys from the keys frame; () when absent or not captured
     lens: tuple[int, ...] | None     # int32 lens frame, when the message has one and it was captured
     size_bytes: int                  # meta + all data frames (not the routing frame)
@@ -379,6 +381,20 @@ def _array(frame: bytes | memoryview | None, size: int, dtype: str, what: str) -
     return np.frombuffer(frame, dtype=dtype)
 
 
+def _stated_sizes(types: tuple[int, ...], seen: tuple[int, ...], keys: np.ndarray | None,
+                  lens: np.ndarray | None) -> tuple[int | None, ...]:
+    """The sizes of all the data frames the meta announces, for a message a capture hole cut short: those
+    seen, then what the message itself states of the others (None where it states nothing): the lens frame
+    holds one int32 per key (KVServer's rule), the vals frame sum(lens) items of its data type."""
+    sizes: list[int | None] = [*seen, *([None] * (len(types) - len(seen)))]
+    if sizes[LENS_FRAME:] and sizes[LENS_FRAME] is None and types[LENS_FRAME] == DATA_TYPE_INT32 and keys is not None:
+        sizes[LENS_FRAME] = 4 * len(keys)
+    item_bytes = DATA_TYPE_ITEM_BYTES.get(types[VALS_FRAME]) if len(types) > VALS_FRAME else None
+    if sizes[VALS_FRAME:] and sizes[VALS_FRAME] is None and lens is not None and item_bytes is not None:
+        sizes[VALS_FRAME] = int(lens.sum()) * item_bytes
+    return tuple(sizes)
+
+
 class PsliteDecoder:
     """Decodes the ps-lite messages of one ZMTP stream (one direction of one connection).
 
@@ -442,6 +458,8 @@ class PsliteDecoder:
             lens = _array(data_frames[LENS_FRAME], data_sizes[LENS_FRAME], "<i4", "lens")
         if keys is not None and lens is not None and len(keys) != len(lens):
             raise DecodeError(f"{len(keys)} keys but {len(lens)} lens (KVServer requires one len per key)")
+        if len(data_sizes) < len(types):
+            data_sizes = _stated_sizes(types, data_sizes, keys, lens)
 
         self.flavor = meta.flavor
         self.routed = routing_id is not None
@@ -450,7 +468,7 @@ class PsliteDecoder:
             data_sizes=data_sizes,
             keys=tuple(keys.tolist()) if keys is not None else (),
             lens=tuple(lens.tolist()) if lens is not None else None,
-            size_bytes=sum(frame_sizes[meta_index:]),
+            size_bytes=frame_sizes[meta_index] + sum(size for size in data_sizes if size is not None),
             routing_id=routing_id,
             complete=complete,
         )

@@ -296,7 +296,7 @@ def decoded_message_keys(messages: pd.DataFrame, job, node: str) -> collections.
             None if is_data else int(row.control_cmd),
             bool(row.push) if is_data else None, bool(row.simple_app) if is_data else None,
             _none(row.head), _none(row.app_id) if is_data else None, _none(row.customer_id) if is_data else None,
-            tuple(int(s) for s in row.data_sizes),
+            tuple(None if s is None or s != s else int(s) for s in row.data_sizes),
         )
         # A message to itself (over lo) is one message on the wire and a send plus a receipt in the log.
         # ps-lite's Van::Stop sends TERMINATE to itself past the logging Send(); only its receipt is logged.
