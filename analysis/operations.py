@@ -19,7 +19,9 @@ customer request counter, so both ends of a connection agree whatever the captur
 their push: the n-th push opens round n. Iteration = round - 1, except that the first push of a key is
 kv.init (iteration -1) when it asks for no values back (not a fused push-pull) and no pull of that key
 preceded it; pulls belong to the round of the latest push before them, so the pulls of the initial broadcast
-are iteration -1 too. A response inherits its request's.
+are iteration -1 too, as is the first plain pull of a dense tensor that training push-pulls when it comes in
+the first training round (the broadcast pull may leave after the first training push-pull). A response
+inherits its request's.
 """
 from __future__ import annotations
 
@@ -256,8 +258,15 @@ def _assign_iterations(records: pd.DataFrame) -> np.ndarray:
     channel = np.cumsum(starts) - 1
     channel_has_init = np.zeros(channel[-1] + 1 if len(channel) else 0, dtype=np.int64)
     np.maximum.at(channel_has_init, channel, init_push.astype(np.int64))
+    # The first plain pull of a dense tensor that training push-pulls is the initial broadcast even when it left
+    # after the first training push-pull (MXNet issues the broadcast asynchronously).
+    channel_fused = np.zeros_like(channel_has_init)
+    np.maximum.at(channel_fused, channel, fused.astype(np.int64))
+    dense = records["req_type"].to_numpy()[rows][order] != "row_sparse"
+    round_ = np.maximum(pushes - channel_has_init[channel] - 1, INIT_ITERATION)
+    broadcast = (is_pull == 1) & (pulls_before == 0) & (channel_fused[channel] == 1) & dense & (round_ <= 0)
     iteration = np.full(len(records), NO_ITERATION, dtype=np.int64)
-    iteration[rows[order]] = np.maximum(pushes - channel_has_init[channel] - 1, INIT_ITERATION)
+    iteration[rows[order]] = np.where(broadcast, INIT_ITERATION, round_)
     return iteration
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_name
-from dlcsniff.decoders.packet import ParseStats, UnsupportedLinktype, check_linktype, ip_to_str
+from dlcsniff.decoders.packet import (Datagram, ParseStats, UnsupportedLinktype, check_linktype, ip_to_str,
+                                      parse_packet)
 from dlcsniff.decoders.protocols import protocol_decoders
 from dlcsniff.decoders.protocols.base import Count, ExtraStream, Row, StreamColumns, TcpDirection
 from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
@@ -30,6 +31,9 @@ from dlcsniff.decoders.tcp_driver import BatchDecoder
 
 # Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
 PREFIX_BYTES = 64
+TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "first_ts_ns", "last_ts_ns", "packets",
+                      "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
+                      "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
 
 
 @dataclass(slots=True)
@@ -48,11 +52,14 @@ class CaptureResult:
     """One capture decoded on its own: column lists per table, still without job-wide resolution.
 
     tables: streams, zmtp, messages, collectives, and the protocols' capture-level tables (pslite_nodes,
-    pslite_announced); counts: the protocols' counters (undecoded_messages...)."""
+    pslite_announced); counts: the protocols' counters (undecoded_messages...); unclaimed_udp: datagrams no
+    protocol took, by service port; unclaimed_packets: packets neither TCP nor UDP that no protocol took."""
     capture: str
     path: str
     tables: dict[str, dict[str, list]]
     counts: dict[str, int] = field(default_factory=dict)
+    unclaimed_udp: dict[int, int] = field(default_factory=dict)
+    unclaimed_packets: int = 0
     packets: int = 0
     bytes_read: int = 0
     non_tcp_packets: int = 0
@@ -82,6 +89,8 @@ class CaptureDecoder:
         self.tcp = TcpReassembler()
         self.protocols = protocol_decoders() if protocols is None else protocols
         self.directions: dict[int, _Direction] = {}
+        self.unclaimed_udp: collections.Counter[int] = collections.Counter()   # service port -> datagrams
+        self.unclaimed_packets = 0          # neither TCP nor UDP, and no protocol's (ARP, ICMP...)
 
     # -- TCP events -----------------------------------------------------------------------------------
     def on_tcp_event(self, ev) -> None:
@@ -110,11 +119,17 @@ class CaptureDecoder:
                 d.owner.receive_end(ev.stream_id, ev.ts_ns)
 
     def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
-        """A packet that is no TCP segment (UDP, RoCEv1...): offered to the decoders in turn."""
+        """A packet that is no TCP segment (UDP, RoCEv1...): offered to the decoders in turn; a UDP datagram
+        none of them takes is counted by its service port (the lower of its two)."""
         packet = Packet(ts_ns, linktype, data, len(data), 0)
         for protocol in self.protocols:
             if protocol.receive_packet(packet):
                 return
+        datagram = parse_packet(linktype, data, ts_ns)
+        if datagram.__class__ is Datagram:
+            self.unclaimed_udp[min(datagram.sport, datagram.dport)] += 1
+        else:
+            self.unclaimed_packets += 1
 
     def skippable_bytes(self, stream_id: int) -> int:
         """How many of the direction's next bytes need not be seen (decoders.tcp_driver.StreamConsumer)."""
@@ -208,8 +223,9 @@ class CaptureDecoder:
         return row
 
     def _stream_columns(self) -> dict[str, list]:
-        """The streams.parquet columns every TCP direction has; protocols extend them (StreamColumns)."""
-        cols: dict[str, list] = collections.defaultdict(list)
+        """The streams.parquet columns every TCP direction has (all of them, for a capture without TCP too);
+        protocols extend them (StreamColumns)."""
+        cols: dict[str, list] = {name: [] for name in TCP_STREAM_COLUMNS}
         flow_of_key = {d.offer.key: d.flow_id for d in self.directions.values()}
         for sid, d in self.directions.items():
             info = self.tcp.streams[sid]
@@ -280,7 +296,8 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
                 raise CaptureError(f"{path}: {exc}") from None
             warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
     return CaptureResult(
-        capture=capture.name, path=str(path), tables=tables, counts=counts, packets=packets, bytes_read=bytes_read,
+        capture=capture.name, path=str(path), tables=tables, counts=counts, unclaimed_udp=dict(dec.unclaimed_udp),
+        unclaimed_packets=dec.unclaimed_packets, packets=packets, bytes_read=bytes_read,
         non_tcp_packets=batches.non_tcp_packets, parse_stats=stats.as_dict(), warnings=warnings,
         bulk_packets=batches.bulk_packets,
     )

@@ -63,6 +63,30 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
 
 
 ROCE_COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
+TOP_PORTS = 5
+
+
+def _unclaimed(results: list[CaptureResult], tcp) -> dict:
+    """What no protocol decoder claimed: TCP connections and UDP datagrams by service port (the lower port),
+    the busiest first, and packets that are neither (non-IP, ICMP...)."""
+    plain = tcp[tcp["protocol"] == "tcp"]
+    pairs = plain.assign(low=plain[["src_port", "dst_port"]].min(axis=1),
+                         ends=[tuple(sorted(((s, sp), (d, dp)))) for s, sp, d, dp in
+                               zip(plain["src_ip"], plain["src_port"], plain["dst_ip"], plain["dst_port"])])
+    connections = pairs.drop_duplicates(["capture", "ends"])
+    tcp_ports = connections.groupby("low").size().sort_values(ascending=False, kind="stable")
+    udp: dict[int, int] = {}
+    for result in results:
+        for port, n in result.unclaimed_udp.items():
+            udp[port] = udp.get(port, 0) + n
+    return {
+        "tcp_connections": int(len(connections)),
+        "tcp_bytes": int(plain["bytes"].sum()),
+        "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
+        "udp_datagrams": sum(udp.values()),
+        "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
+        "other_packets": sum(r.unclaimed_packets for r in results),
+    }
 
 
 def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
@@ -98,6 +122,9 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
                                 collectives.groupby(["protocol", "kind"]).size().items()},
         "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),
+        "unclaimed": _unclaimed(results, tcp),
+        # anything of a protocol dlcsniff decodes: flows or packets a decoder claimed, or messages
+        "dl_traffic": bool(len(messages) or len(zmtp) or (streams["protocol"] != "tcp").any()),
         "nodes": tables["nodes"].num_rows,
         "warnings": [w for r in results for w in r.warnings],
     }

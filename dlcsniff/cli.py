@@ -143,10 +143,16 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
               f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; retransmitted {summary['retransmitted_bytes']:,} B; "
               f"{summary['midstream_streams']} flows started before the capture; "
               f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
-    out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
+    if summary["zmtp_messages"] or summary["zmtp_commands"]:
+        out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
-    out.print(f"messages by protocol: {by_protocol or 'none'} ({summary['incomplete_messages']:,} incomplete; "
-              f"ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes)")
+    if by_protocol:
+        pslite = (f"; ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes"
+                  if "pslite" in summary["messages_by_protocol"] else "")
+        out.print(f"messages by protocol: {by_protocol} ({summary['incomplete_messages']:,} incomplete{pslite})")
+    elif not summary["dl_traffic"]:
+        out.print("no deep-learning traffic found (no ZMTP/ps-lite, Gloo, TCPStore, NCCL or RoCE)")
+    _print_unclaimed(summary["unclaimed"])
     if "processes" in summary:
         procs = summary["processes"]
         out.print(f"capture daemons: {procs['flows_with_pid']:,} flows with their process, "
@@ -183,6 +189,22 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
                       for c in job["clocks"] if c["aligned"] and c["capture"] != job["reference"]))
     out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*tables, 'events', 'clocks'))} and manifest.json to "
               f"{summary['out']}")
+
+
+def _print_unclaimed(unclaimed: dict) -> None:
+    def ports(counts: dict) -> str:
+        return ", ".join(f"{port} ×{n:,}" for port, n in counts.items())
+
+    seen = []
+    if unclaimed["tcp_connections"]:
+        seen.append(f"{unclaimed['tcp_connections']:,} TCP connections ({unclaimed['tcp_bytes']:,} B; service ports "
+                    f"{ports(unclaimed['tcp_ports'])})")
+    if unclaimed["udp_datagrams"]:
+        seen.append(f"{unclaimed['udp_datagrams']:,} UDP datagrams (ports {ports(unclaimed['udp_ports'])})")
+    if unclaimed["other_packets"]:
+        seen.append(f"{unclaimed['other_packets']:,} other packets (neither TCP nor UDP)")
+    if seen:
+        out.print("not of any protocol dlcsniff decodes: " + "; ".join(seen))
 
 
 # --- analysis (issue 3): DLC traces, SketchDLC statistics, the HTML report ---------------------------------

@@ -80,6 +80,15 @@ MXNET_JOBS = {
         # both servers and so is nothing else, while the capture stays small.
         MXNetJobSpec("mxnet_sync_large", "dist_sync", "wide_mlp", batches=5, bigarray_bound=65536),
         MXNetJobSpec("mxnet_sparse", "dist_sync", "sparse_embedding", batches=8),
+        # Other shapes: one server and one worker; three servers and four workers; the MLP's weight split over
+        # three servers (bound below its 25,088 elements) in async mode.
+        MXNetJobSpec("mxnet_1s1w", "dist_sync", "mlp", batches=4, num_servers=1, num_workers=1),
+        MXNetJobSpec("mxnet_3s4w", "dist_sync", "mlp", batches=2, num_servers=3, num_workers=4),
+        MXNetJobSpec("mxnet_async_split", "dist_async", "mlp", batches=3, num_servers=3, bigarray_bound=8192),
+        # Captures that lose packets, as busy nodes' captures do: tcpdump's kernel buffer at 256 KiB (a few % of
+        # a busy node's packets), and at 32 KiB (most of them, and the same bursts at both ends).
+        MXNetJobSpec("mxnet_lossy", "dist_sync", "mlp", batches=5, capture_buffer_kib=160),
+        MXNetJobSpec("mxnet_lossy_heavy", "dist_sync", "mlp", batches=8, capture_buffer_kib=32),
     )
 }
 ZMQ_JOB = "zmq"

@@ -24,9 +24,9 @@ from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
 from tests.support.decoded import on_reference_clock
-from tests.support.groundtruth import load_job
+from tests.support.groundtruth import load_job, mxnet_jobs
 
-JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sync_large", "mxnet_sparse"]
+JOBS = mxnet_jobs()
 OP_ID = re.compile(r"^-?\d+-\d+-(s|w)\d+$")
 ID_LIST = re.compile(r"^\((-?\d+-\d+-(s|w)\d+)(,-?\d+-\d+-(s|w)\d+)*\)$")
 TRAINING_CALLS = ("pushpull", "push")

@@ -91,6 +91,19 @@ def test_a_message_in_two_captures_of_the_same_node_is_recorded_once():
     assert trace.losses["records_seen_twice_dropped"] == 2
 
 
+def test_a_broadcast_pull_that_leaves_after_the_first_push_pull_is_still_initialisation():
+    """MXNet issues the initial broadcast asynchronously: in pcaps/mxnet_1s1w the pull of tensor 3 left after
+    its first training push-pull. The first plain pull of a push-pulled dense tensor is initialisation."""
+    rows = []
+    rows += exchange("w0", "s0", 0, W0, S0, stamp=1, key=3, push=True, pull=False, response_size=18)
+    rows += exchange("w0", "s0", 1_000_000, W0, S0, stamp=2, key=3, push=True, pull=True)
+    rows += exchange("w0", "s0", 1_500_000, W0, S0, stamp=3, key=3, push=False, pull=True, request_size=30)
+    rows += exchange("w0", "s0", 3_000_000, W0, S0, stamp=4, key=3, push=True, pull=True)
+    worker0 = records_of(build_records(dataset(rows)), W0)
+    by_request = worker0.groupby("ps_timestamp")["iteration"].agg(set).to_dict()   # a request and its response
+    assert by_request == {1: {INIT_ITERATION}, 2: {0}, 3: {INIT_ITERATION}, 4: {1}}
+
+
 def test_init_push_and_first_pulls_are_initialisation_and_rounds_follow_pushes():
     rows = []
     # worker 0: kv.init (a push before any pull), the broadcast pull, then two push-pull rounds

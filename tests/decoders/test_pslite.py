@@ -269,7 +269,9 @@ def test_decode_incomplete_message():
     # the stream ended (or a gap hit) after the keys frame: decode what is there
     decoder = pslite.PsliteDecoder()
     msg = decoder.decode((23, 8), (REAL["push"], KEYS_RANK1_KEY3), False)
-    assert (msg.keys, msg.lens, msg.complete, msg.size_bytes) == ((0x8000000000000002,), None, False, 31)
+    assert (msg.keys, msg.lens, msg.complete) == ((0x8000000000000002,), None, False)
+    # the meta announces keys, vals and lens; one key states a 4-byte lens frame, the vals' size is not stated
+    assert msg.data_sizes == (8, None, 4) and msg.size_bytes == 23 + 8 + 4
     # a keys frame cut short is reported as not captured
     msg = decoder.decode((23, 8, 80, 4), (REAL["push"], KEYS_RANK1_KEY3[:3], None, LENS_80), False)
     assert msg.keys == () and msg.lens == (80,)
@@ -339,5 +341,10 @@ def test_fuzz_decoder(messages, complete):
             msg = feed(decoder, frames, complete)
         except DecodeError:
             continue
-        assert msg.size_bytes <= sum(len(f) for f in frames)
-        assert len(msg.data_sizes) <= len(frames) - 1
+        data = frames[1:] if msg.routing_id is None else frames[2:]
+        if complete or len(data) >= len(msg.meta.data_types):
+            assert msg.size_bytes <= sum(len(f) for f in frames)
+            assert len(msg.data_sizes) <= len(frames) - 1
+        else:       # cut short: every frame the meta announces, those seen with their own sizes
+            assert len(msg.data_sizes) == len(msg.meta.data_types)
+            assert list(msg.data_sizes[:len(data)]) == [len(f) for f in data]

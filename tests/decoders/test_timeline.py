@@ -21,9 +21,9 @@ from dlcsniff.decoders.protocols import pslite
 from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
-from tests.support.groundtruth import KEMPTY, load_job
+from tests.support.groundtruth import KEMPTY, load_job, mxnet_jobs
 
-JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sync_large", "mxnet_sparse"]
+JOBS = mxnet_jobs()
 
 
 def _none(value):
@@ -125,13 +125,13 @@ def test_events_keep_the_observations_fields(job_and_view):
 
 
 def test_decode_output_writes_both_tables(job_and_view):
-    _, view, decode_dir = job_and_view
+    job, view, decode_dir = job_and_view
     summary = read_manifest(decode_dir)["job_view"]
     events = pd.read_parquet(decode_dir / "events.parquet")
     clocks = pd.read_parquet(decode_dir / "clocks.parquet")
     assert list(events.columns) == list(EVENT_COLUMNS) and list(clocks.columns) == list(CLOCK_COLUMNS)
     assert len(events) == summary["events"] == len(view.events)
-    assert summary["reference"] == "scheduler" and len(clocks) == 5
+    assert summary["reference"] == "scheduler" and len(clocks) == len(job.nodes)
     recomputed = job_view(*_job_inputs(decode_dir))
     pd.testing.assert_frame_equal(clocks, recomputed.clocks, check_dtype=False)
     # the events as written are the events recomputed from the tables (through Parquet: the same null types)

@@ -16,9 +16,9 @@ import pytest
 
 from lab import record
 from tests.conftest import PCAPS, WORKLOAD_PYTHON
-from tests.support.groundtruth import KEMPTY, load_job, parse_pslite_log
+from tests.support.groundtruth import KEMPTY, load_job, mxnet_jobs, parse_pslite_log
 
-MXNET_JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sync_large", "mxnet_sparse"]
+MXNET_JOBS = mxnet_jobs() + mxnet_jobs(lossy=True)
 MATCH_FIELDS = ["request", "timestamp", "control_cmd", "barrier_group", "app_id", "customer_id",
                 "simple_app", "push", "head", "body"]
 LINK_LOCAL_MULTICAST = ipaddress.ip_network("224.0.0.0/24")
@@ -145,7 +145,7 @@ def test_every_pslite_send_is_logged_as_received_by_its_peer(job_name):
         # ps-lite learns the sender from the connection on receipt: every send is logged with "?".
         assert log.loc[log["direction"] == "send", "sender_id"].isna().all(), node["name"]
     sent, received = _directed_messages(job)
-    assert sum(sent.values()) > 100
+    assert sum(sent.values()) >= 50
     assert sent - received == Counter(), "sent, never received"
     assert received - sent == Counter(), "received, never sent"
 
@@ -262,7 +262,10 @@ def check_captures(job) -> None:
                     for address in (ipaddress.ip_address(ip.src), ipaddress.ip_address(ip.dst)):
                         assert address in subnet or address in LINK_LOCAL_MULTICAST or address.is_unspecified
         assert packets == node["capture_stats"]["packets_captured"] > 0
-        assert node["capture_stats"]["packets_dropped_by_kernel"] == 0
+        if not job.meta.get("capture_buffer_kib"):
+            assert node["capture_stats"]["packets_dropped_by_kernel"] == 0
+    if job.meta.get("capture_buffer_kib"):    # recorded to lose packets: it did, and tcpdump says how many
+        assert any(node["capture_stats"]["packets_dropped_by_kernel"] > 0 for node in job.meta["nodes"])
 
 
 @pytest.mark.parametrize("job_name", [*MXNET_JOBS, "zmq", "gloo"])
@@ -273,7 +276,8 @@ def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
 
 
 def test_bundled_captures_stay_small():
-    assert sum(p.stat().st_size for p in PCAPS.rglob("*") if p.is_file()) < 30_000_000
+    """Every job shape the tests need, in under 45 MB (the corpus of real captures included)."""
+    assert sum(p.stat().st_size for p in PCAPS.rglob("*") if p.is_file()) < 45_000_000
 
 
 @pytest.mark.root

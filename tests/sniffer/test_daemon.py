@@ -237,7 +237,8 @@ def test_sigkill_leaves_readable_files_and_a_restart_adds_a_set(node, tmp_path):
     for index, pcap in enumerate(pcaps):
         with open_capture(pcap) as reader:
             ours = sum(1 for _ in reader)
-        assert ours > 0
+        # the kill may land right after a rotation: the newest file can hold its header only
+        assert ours > 0 or index == len(pcaps) - 1
         if index in (0, len(pcaps) - 2, len(pcaps) - 1):
             # tshark reads each to its last complete packet (the killed one included); our reader agrees
             assert ours == tshark_packet_count(pcap)

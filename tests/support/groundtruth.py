@@ -4,6 +4,7 @@
   received, one row per logged message.
 - `load_job(dir)`: a recorded job: job.json, per-node logs (parsed lazily), per-node workload records,
   and for the zmq job its message record.
+- `mxnet_jobs(lossy=...)`: the bundled MXNet jobs, whole or recorded by captures that lost packets.
 
 PS_VERBOSE=2 line format (dmlc::LogMessage prefix, then ps::Message::DebugString):
 
@@ -25,6 +26,7 @@ attrs["unparsed_lines"].
 from __future__ import annotations
 
 import bisect
+import collections
 import gzip
 import json
 import re
@@ -33,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import collections
 
 from dlcsniff.decoders.protocols import pslite
+
+PCAPS = Path(__file__).resolve().parents[2] / "pcaps"
 
 KEMPTY = 2147483647
 BODY_MARK = ", body="
@@ -284,20 +287,42 @@ def logged_message_keys(job, node: str) -> collections.Counter:
     return found
 
 
+def _decoded_fields(row) -> tuple:
+    """The fields of a decoded message that ps-lite logs, from the receiver on (as in logged_message_keys)."""
+    is_data = _none(row.control_cmd) is None
+    return (
+        int(row.recver_id), bool(row.request), _none(row.ps_timestamp),
+        None if is_data else int(row.control_cmd),
+        bool(row.push) if is_data else None, bool(row.simple_app) if is_data else None,
+        _none(row.head), _none(row.app_id) if is_data else None, _none(row.customer_id) if is_data else None,
+        tuple(None if s is None or s != s else int(s) for s in row.data_sizes),
+    )
+
+
+def logged_sends(job) -> collections.Counter:
+    """(sender, fields...) of every message of the job: what each node's log lists as sent."""
+    sent = collections.Counter()
+    for node in job.nodes:
+        for key, count in logged_message_keys(job, node["name"]).items():
+            if key[0] == "send":
+                sent[key[1:]] += count
+    return sent
+
+
+def event_message_keys(events: pd.DataFrame, messages: pd.DataFrame) -> collections.Counter:
+    """(sender, fields...) of every event of a decode output (events.parquet), from the observation each event
+    takes its fields from (messages.parquet row `message_row`)."""
+    rows = messages.iloc[events["message_row"].to_numpy()]
+    return collections.Counter((_none(row.sender_id), *_decoded_fields(row)) for row in rows.itertuples())
+
+
 def decoded_message_keys(messages: pd.DataFrame, job, node: str) -> collections.Counter:
     """The same keys as `logged_message_keys`, of the messages decoded from the node's own capture."""
     own = job.node(node)["pslite_id"]
     mine = messages[messages["capture"] == node]
     found = collections.Counter()
     for row in mine.itertuples():
-        is_data = _none(row.control_cmd) is None
-        fields = (
-            int(row.recver_id), bool(row.request), _none(row.ps_timestamp),
-            None if is_data else int(row.control_cmd),
-            bool(row.push) if is_data else None, bool(row.simple_app) if is_data else None,
-            _none(row.head), _none(row.app_id) if is_data else None, _none(row.customer_id) if is_data else None,
-            tuple(None if s is None or s != s else int(s) for s in row.data_sizes),
-        )
+        fields = _decoded_fields(row)
         # A message to itself (over lo) is one message on the wire and a send plus a receipt in the log.
         # ps-lite's Van::Stop sends TERMINATE to itself past the logging Send(); only its receipt is logged.
         self_terminate = row.sender_id == row.recver_id and row.control_cmd == pslite.TERMINATE
@@ -308,4 +333,15 @@ def decoded_message_keys(messages: pd.DataFrame, job, node: str) -> collections.
             if row.control_cmd == pslite.ADD_NODE and sender != pslite.SCHEDULER_ID:
                 sender = None     # ps-lite logs a node without an id yet as "?"
             found[("recv", sender, *fields)] += 1
+    return found
+
+
+def mxnet_jobs(*, lossy: bool = False) -> list[str]:
+    """The bundled MXNet jobs (pcaps/<job>/job.json): those whose captures kept every packet, or (lossy) those
+    recorded with a small capture buffer, whose captures lost packets."""
+    found = []
+    for job in sorted(PCAPS.glob("*/job.json")):
+        meta = json.loads(job.read_text())
+        if meta.get("framework") == "mxnet" and bool(meta.get("capture_buffer_kib")) == lossy:
+            found.append(job.parent.name)
     return found
