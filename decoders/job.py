@@ -110,7 +110,8 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         "uncaptured_bytes": int(tcp["uncaptured_bytes"].sum()),
         "retransmitted_bytes": int(tcp["retransmitted_bytes"].sum()),
         "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
-        "midstream_streams": int((tcp["syn_seen"] == False).sum()),  # noqa: E712 (a nullable column)
+        # directions whose data began before the capture did (a reset answering a SYN carries none)
+        "midstream_streams": int(((tcp["syn_seen"] == False) & (tcp["bytes"] + tcp["missing_bytes"] > 0)).sum()),  # noqa: E712
         "zmtp_lost_bytes": int(tcp["lost_bytes"].sum()),
         "roce": {name: int(roce[name].sum()) for name in ROCE_COUNTERS} if len(roce) else {},
         "zmtp_messages": int(zmtp["command"].isna().sum()),

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -69,6 +70,9 @@ class MXNetJobSpec:
     bigarray_bound: int | None = None
     # tcpdump's kernel buffer (-B, KiB): small ones make the capture lose packets, as busy nodes' captures do
     capture_buffer_kib: int | None = None
+    # seconds of a cloud VM's other traffic beside the job (lab/workloads/noise.py): TLS, HTTP to a metadata
+    # service and DNS from every node to a "services" host, and a port scan of every node from a "scanner"
+    noise_s: float | None = None
 
 
 MXNET_JOBS = {
@@ -89,6 +93,8 @@ MXNET_JOBS = {
         # a busy node's packets), and at 32 KiB (most of them, and the same bursts at both ends).
         MXNetJobSpec("mxnet_lossy", "dist_sync", "mlp", batches=5, capture_buffer_kib=160),
         MXNetJobSpec("mxnet_lossy_heavy", "dist_sync", "mlp", batches=8, capture_buffer_kib=32),
+        # The job among a cloud VM's other traffic.
+        MXNetJobSpec("mxnet_noise", "dist_sync", "mlp", batches=3, noise_s=8.0),
     )
 }
 ZMQ_JOB = "zmq"
@@ -258,8 +264,9 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
     job_dir = _prepare_job_dir(out_dir, spec.name)
     node_names = ["scheduler", *(f"server{i}" for i in range(spec.num_servers)),
                   *(f"worker{i}" for i in range(spec.num_workers))]
+    noise_hosts = ["services", "scanner"] if spec.noise_s else []
     started_ns = time.time_ns()
-    with Cluster(f"{spec.name}-{os.getpid()}", node_names) as cluster:
+    with Cluster(f"{spec.name}-{os.getpid()}", node_names + noise_hosts) as cluster:
         scheduler_ip = cluster.host("scheduler").ip
         job_env = {
             "DMLC_PS_ROOT_URI": scheduler_ip,
@@ -282,10 +289,19 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
                     "--batch-size", str(spec.batch_size)]
             nodes.append(_start_node(cluster, job_dir, workload_python, name, role, "mxnet_job.py", args,
                                      node_env, port, spec.capture_buffer_kib))
-        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
+        # the other traffic starts once every node's capture runs: all of it is in the captures
+        noise, secrets = (_start_noise(cluster, job_dir, workload_python, node_names, spec.noise_s)
+                          if spec.noise_s else ([], None))
+        try:
+            node_entries = _run_to_end(cluster, nodes + noise, job_dir, timeout_s)
+        finally:
+            if secrets is not None:
+                shutil.rmtree(secrets, ignore_errors=True)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
-    for entry in node_entries:
+    for entry in node_entries[len(nodes):]:
+        entry["record"] = f"{entry['name']}.json"
+    for entry in node_entries[:len(nodes)]:
         record = records[entry["name"]] or {}
         entry["record"] = f"{entry['name']}.json"
         entry["pslite_id"] = _pslite_node_id(job_dir / entry["log"])
@@ -310,6 +326,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         "num_workers": spec.num_workers,
         "bigarray_bound": spec.bigarray_bound,
         "capture_buffer_kib": spec.capture_buffer_kib,
+        "noise_s": spec.noise_s,
         "env": job_env,
         "subnet": str(cluster.subnet),
         "mtu": cluster.mtu,
@@ -319,6 +336,30 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         "nodes": node_entries,
     }
     return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
+
+
+def _start_noise(cluster: Cluster, job_dir: Path, workload_python: str, job_nodes: list[str],
+                 duration_s: float) -> tuple[list[NodeRun], Path]:
+    """The services host (HTTPS, HTTP, DNS) and the scanner, each with its capture, and a noise client on every
+    job node (in the job node's capture); the clients write <node>.noise.json. Returns the two nodes and the
+    directory holding the TLS key, to remove once the job is over."""
+    secrets = Path(tempfile.mkdtemp(prefix="dlcsniff-noise-"))     # the TLS key stays out of the job's files
+    key, cert = secrets / "key.pem", secrets / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=api.example.internal", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    services = _start_node(cluster, job_dir, workload_python, "services", "services", "noise.py",
+                           ["serve", "--cert", str(cert), "--key", str(key), "--duration", str(duration_s + 2)],
+                           BASE_ENV)
+    server_ip = cluster.host("services").ip
+    for name in job_nodes:
+        argv = [workload_python, str(WORKLOADS_DIR / "noise.py"), "client", "--server", server_ip, "--duration",
+                str(duration_s), "--record", str(job_dir / f"{name}.noise.json")]
+        with open(job_dir / f"{name}.noise.log", "wb") as log:
+            cluster.popen(name, argv, env=BASE_ENV, stdout=log, stderr=log)
+    scanner = _start_node(cluster, job_dir, workload_python, "scanner", "scanner", "noise.py",
+                          ["scan", "--wait-for", f"{cluster.host(job_nodes[0]).ip}:{SCHEDULER_PORT}", "--targets",
+                           *(cluster.host(name).ip for name in job_nodes)], BASE_ENV)
+    return [services, scanner], secrets
 
 
 def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JOB_TIMEOUT_S) -> Path:

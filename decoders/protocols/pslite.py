@@ -630,12 +630,12 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     def _stream_columns(st: _ZmtpStream) -> dict:
         z = st.zmtp
         # A stream caught mid-connection has no greeting (version None) but may well be ZMTP.
-        is_zmtp = z.version is not None or z.messages > 0 or z.commands > 0
-        columns = {"lost_bytes": z.lost_bytes, "resyncs": z.resyncs}
-        if is_zmtp:
-            ident = z.identity
-            columns.update(protocol="pslite" if st.is_pslite else "zmtp", zmtp_version=z.version,
-                           mechanism=z.mechanism, socket_type=z.socket_type,
-                           identity=ident.decode("latin-1") if ident is not None else None,
-                           encrypted=bool(z.encrypted), decode_error=st.decode_error)
-        return columns
+        # A direction offered to ZMTP on weak evidence (caught mid-connection) in which no frame was ever
+        # found is plain TCP: nothing of it is ZMTP's, not even the bytes scanned.
+        if not (z.version is not None or z.messages > 0 or z.commands > 0):
+            return {}
+        ident = z.identity
+        return {"protocol": "pslite" if st.is_pslite else "zmtp", "zmtp_version": z.version, "mechanism": z.mechanism,
+                "socket_type": z.socket_type, "identity": ident.decode("latin-1") if ident is not None else None,
+                "encrypted": bool(z.encrypted), "decode_error": st.decode_error, "lost_bytes": z.lost_bytes,
+                "resyncs": z.resyncs}

@@ -337,11 +337,12 @@ def decoded_message_keys(messages: pd.DataFrame, job, node: str) -> collections.
 
 
 def mxnet_jobs(*, lossy: bool = False) -> list[str]:
-    """The bundled MXNet jobs (pcaps/<job>/job.json): those whose captures kept every packet, or (lossy) those
-    recorded with a small capture buffer, whose captures lost packets."""
+    """The bundled MXNet jobs (pcaps/<job>/job.json) alone on their network: those whose captures kept every
+    packet, or (lossy) those recorded with a small capture buffer, whose captures lost packets."""
     found = []
     for job in sorted(PCAPS.glob("*/job.json")):
         meta = json.loads(job.read_text())
-        if meta.get("framework") == "mxnet" and bool(meta.get("capture_buffer_kib")) == lossy:
+        if (meta.get("framework") == "mxnet" and not meta.get("noise_s")
+                and bool(meta.get("capture_buffer_kib")) == lossy):
             found.append(job.parent.name)
     return found
