@@ -208,6 +208,12 @@ class CaptureReader:
 
     # -- opening -------------------------------------------------------------------------------
     def _open_format(self) -> Iterator[RecordBatch | Packet]:
+        if self.total_bytes == 0:       # tcpdump killed before it wrote anything: a capture of nothing
+            self.format = "empty"
+            self.compressed = False
+            self._input = self._raw
+            self.warnings.append(f"{self.path}: the file is empty (not even a capture header): no packets")
+            return self._no_records()
         self.compressed = self._raw.read(2) == _GZIP_MAGIC
         self._raw.seek(0)
         self._input = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else self._raw
@@ -243,6 +249,10 @@ class CaptureReader:
         if self._input_error is not None:
             raise CaptureError(f"{self.path}: not a readable gzip-compressed file ({self._input_error})")
         raise CaptureError(f"{self.path}: not a pcap or pcapng {what}: {_describe_start(bytes(head[:16]))}")
+
+    @staticmethod
+    def _no_records() -> Iterator[RecordBatch | Packet]:
+        yield from ()
 
     # -- input ---------------------------------------------------------------------------------
     def _read_into(self, buf: bytearray, start: int) -> int:

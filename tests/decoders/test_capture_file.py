@@ -225,9 +225,16 @@ def test_directory(tmp_path):
         open_capture(tmp_path)
 
 
+def test_an_empty_file_is_a_capture_of_nothing_with_a_warning(tmp_path):
+    path = tmp_path / "killed.pcap"
+    path.write_bytes(b"")
+    with open_capture(path) as reader:
+        assert list(reader) == [] and reader.packets == 0
+        assert reader.warnings == [f"{path}: the file is empty (not even a capture header): no packets"]
+
+
 @pytest.mark.parametrize("content, shown", [
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "47 45 54 20 2f 20 48 54"),
-    (b"", "the file is empty"),
     (b"\xd4\xc3", "d4 c3"),
 ])
 def test_not_a_capture_names_the_file_and_its_first_bytes(tmp_path, content, shown):
