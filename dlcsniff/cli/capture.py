@@ -1,0 +1,63 @@
+"""`dlcsniff capture`: the capture daemon."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dlcsniff.cli.app import app, err, fail
+
+
+@app.command()
+def capture(
+    iface: Annotated[Optional[str], typer.Option("--iface", "-i", help="Interface to capture on (`any`: all).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Capture directory (created 0700; a "
+                                                    "restart adds a new file set).")] = None,
+    filter_text: Annotated[Optional[str], typer.Option("--filter", help="pcap filter expression.")] = None,
+    ports: Annotated[Optional[str], typer.Option("--ports", help="Only these TCP ports, e.g. 9091,9100-9200.")] = None,
+    snaplen: Annotated[int, typer.Option("--snaplen", help="Bytes kept per packet (0: whole packets).")] = 0,
+    rotate_mb: Annotated[int, typer.Option("--rotate-mb", help="Start a new capture file every N MB.")] = 100,
+    max_disk_mb: Annotated[Optional[int], typer.Option("--max-disk-mb", help="Disk budget of the directory in MB, "
+                                                       "never exceeded: the capture stops when it is used up.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Stop after this many seconds.")] = None,
+    no_ebpf: Annotated[bool, typer.Option("--no-ebpf", help="Packets only: no eBPF probes.")] = False,
+    user: Annotated[Optional[str], typer.Option("--user", help="User to run as once the capture is open "
+                                                "(default: tcpdump, else nobody).")] = None,
+    lib: Annotated[Optional[list[Path]], typer.Option("--lib", help="Also probe this libzmq/libnccl (or a library "
+                                                      "embedding it) from the start; repeatable.")] = None,
+    buffer_mb: Annotated[int, typer.Option("--buffer-mb", help="Kernel capture ring in MiB.")] = 64,
+    full_payload: Annotated[bool, typer.Option("--full-payload", help="Record every byte of every packet. By "
+                                               "default an eBPF filter cuts the values of large ZMTP data "
+                                               "frames (over 64 KiB) in the kernel; decoding needs none of "
+                                               "them.")] = False,
+    print_bpf: Annotated[bool, typer.Option("--print-bpf", help="Print the eBPF program and its compiler flags "
+                                            "as they would be used here, and exit.")] = False,
+) -> None:
+    """Capture packets and eBPF probe events beside a running job, until Ctrl-C / SIGTERM (root).
+
+    Example: dlcsniff capture --iface eth0 --out /var/lib/dlcsniff/job1 --ports 9000-9300 --max-disk-mb 20000
+    """
+    from dlcsniff.sniffer.daemon import run_capture
+    from dlcsniff.sniffer.options import CaptureOptions, DaemonError
+    from dlcsniff.sniffer.probe_recorder import print_bpf_program
+
+    if print_bpf:
+        print(print_bpf_program())
+        return
+    if iface is None or out_dir is None:
+        err.print("[bold red]error:[/] capture needs --iface and --out", highlight=False)
+        raise typer.Exit(2)
+    options = CaptureOptions(interface=iface, out_dir=out_dir, filter=filter_text, ports=ports, snaplen=snaplen,
+                             rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration, ebpf=not no_ebpf,
+                             user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb, full_payload=full_payload)
+    try:
+        # The daemon's own plain stderr lines: after the switch to an unprivileged user it must not need
+        # anything (a lazily imported module) it can no longer read.
+        result = run_capture(options)
+    except DaemonError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        fail(f"{exc.filename or ''}: {exc.strerror or exc}")
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,53 @@
+"""`dlcsniff export`: a decode output for Perfetto / chrome://tracing and for ASTRA-sim (Chakra)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.table import Table
+
+from dlcsniff.cli.app import DecodeDir, app, err, fail, out
+
+
+@app.command()
+def export(
+    decode_dir: DecodeDir,
+    export_format: Annotated[Literal["chrome", "chakra"], typer.Option(
+        "--format", "-f", help="chrome: one JSON file for Perfetto / chrome://tracing; chakra: one "
+        "<job>.<rank>.et file per rank for ASTRA-sim.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="The JSON file (chrome) or the directory of .et "
+                                           "files (chakra).")],
+) -> None:
+    """Export a decoded job for other tools: a Chrome trace (one timeline of every node) or Chakra traces.
+
+    Examples: dlcsniff export out/mxnet_sync --format chrome --out out/mxnet_sync/trace.json;
+    dlcsniff export out/mxnet_sync --format chakra --out out/mxnet_sync/chakra
+    """
+    from dlcsniff.analysis import AnalysisError
+    from dlcsniff.analysis.export_chakra import write_chakra_traces
+    from dlcsniff.analysis.export_chrome import write_chrome_trace
+
+    try:
+        with err.status(f"writing the {export_format} export"):
+            if export_format == "chrome":
+                found = write_chrome_trace(decode_dir, out_path)
+            else:
+                written = write_chakra_traces(decode_dir, out_path)
+    except AnalysisError as exc:
+        fail(str(exc))
+    if export_format == "chrome":
+        out.print(f"wrote {out_path}: {found.message_events:,} message events, {found.flows:,} flows, "
+                  f"{found.iterations:,} worker iterations (open it in Perfetto or chrome://tracing)")
+        losses = found.losses
+    else:
+        table = Table(title=f"Chakra traces in {out_path} (ASTRA-sim workload prefix {written.prefix})",
+                      title_justify="left")
+        for col in ("file", "node", "nodes", "send/recv", "compute", "collective"):
+            table.add_column(col, justify="left" if col in ("file", "node") else "right")
+        for file in written.files:
+            table.add_row(file.path.name, file.node, f"{file.nodes:,}", f"{file.comm_nodes:,}",
+                          f"{file.comp_nodes:,}", f"{file.coll_nodes:,}")
+        out.print(table)
+        losses = written.losses
+    out.print(", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in losses.items()))
