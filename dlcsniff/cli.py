@@ -146,7 +146,8 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
     out.print(f"messages by protocol: {by_protocol or 'none'} ({summary['incomplete_messages']:,} incomplete; "
-              f"ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes)")
+              f"ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes, "
+              f"{summary['messages_without_node_ids']:,} without a sender or receiver id)")
     if "processes" in summary:
         procs = summary["processes"]
         out.print(f"capture daemons: {procs['flows_with_pid']:,} flows with their process, "

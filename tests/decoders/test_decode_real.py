@@ -60,7 +60,7 @@ def test_streams_name_their_sender_and_are_whole(job_and_tables):
     assert (ps["src_ip"].map(by_ip) == ps["node_id"]).all()
     assert (ps["zmtp_version"] == "3.0").all(), "MXNet 1.9.1 bundles libzmq 4.2.2: ZMTP 3.0"
     assert summary["missing_bytes"] == 0 and summary["incomplete_messages"] == 0
-    assert summary["undecoded_messages"] == 0
+    assert summary["undecoded_messages"] == 0 and summary["messages_without_node_ids"] == 0
 
 
 def test_tensor_attribution_matches_the_workload_record(job_and_tables):
