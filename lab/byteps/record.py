@@ -19,17 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
-from lab.netns import Cluster, NetnsError
+from lab.netns import Cluster
 from lab.record import (BASE_ENV, CAPTURE_SETTLE_S, PSLITE_NODE_ID_RE, SCHEDULER_PORT, SERVER_PORT,
                         WORKER_PORT, NodeRun, RecordError, _gzip_capture, _prepare_job_dir, _publish_job_dir,
-                        _raise_on_sigterm, _wait_for_nodes)
+                        _wait_for_nodes, record_each, tcpdump_version)
 
 SDIST = "byteps-0.2.5.post15.tar.gz"
 SDIST_SHA256 = "9d6a3c5be4c4b5a172739744bb32725c433f9a9f63794e1885e7376ff4eea99f"   # build.sh checks it
@@ -177,18 +177,12 @@ def record_job(spec: JobSpec, out_dir: Path, bin_dir: Path, timeout_s: float = J
         "mtu": mtu,
         "start_ns": started_ns,
         "end_ns": ended_ns,
-        "versions": {"tcpdump": _tcpdump_version(), "libzmq": spec.libzmq, "byteps_sdist": "0.2.5.post15"},
+        "versions": {"tcpdump": tcpdump_version(), "libzmq": spec.libzmq, "byteps_sdist": "0.2.5.post15"},
         "raw_meta_layout": json.loads(subprocess.run([str(bin_dir / "meta_layout")], capture_output=True,
                                                      check=True, text=True).stdout),
         "nodes": entries,
     }
     return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
-
-
-def _tcpdump_version() -> str:
-    done = subprocess.run(["tcpdump", "--version"], capture_output=True, text=True, check=False)
-    lines = (done.stdout or done.stderr).splitlines()
-    return lines[0].removeprefix("tcpdump version ").strip() if lines else "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,21 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("lab.byteps.record needs root (network namespaces, tcpdump)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    try:
-        for name in args.jobs:
-            began = time.monotonic()
-            job_dir = record_job(JOBS[name], args.out, args.bin, args.timeout)
-            size_bytes = sum(path.stat().st_size for path in job_dir.iterdir())
-            print(f"{job_dir}: {size_bytes / 1e6:.2f} MB in {time.monotonic() - began:.1f} s")
-            nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
-            dropped = {n["host"]: n["capture_stats"]["packets_dropped_by_kernel"] for n in nodes}
-            if any(dropped.values()):
-                print(f"warning: the kernel dropped packets from the captures: {dropped}", file=sys.stderr)
-    except (RecordError, NetnsError, OSError, subprocess.CalledProcessError) as exc:
-        print(f"recording failed: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return record_each(partial(record_job, JOBS[name], args.out, args.bin, args.timeout) for name in args.jobs)
 
 
 if __name__ == "__main__":
