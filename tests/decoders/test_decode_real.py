@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
-from tests.support.groundtruth import load_job
-from tests.support.groundtruth import decoded_message_keys, logged_message_keys
+from tests.support.decoded import decoded_tables
+from tests.support.groundtruth import load_job, unmatched_messages
 
 JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sync_large", "mxnet_sparse"]
 
 
 @pytest.fixture(scope="module", params=JOBS)
 def job_and_tables(request):
-    job = load_job(PCAPS / request.param)
-    dataset = decode_paths([PCAPS / request.param])
-    tables = {name: t.to_pandas() for name, t in dataset.tables.items()}
-    return job, tables, dataset.summary
+    return (load_job(PCAPS / request.param), *decoded_tables(PCAPS / request.param))
 
 
 def test_every_logged_message_is_decoded_field_by_field(job_and_tables):
@@ -31,12 +27,9 @@ def test_every_logged_message_is_decoded_field_by_field(job_and_tables):
     messages = tables["messages"]
     assert messages["sender_id"].notna().all() and messages["recver_id"].notna().all()
     for node in job.meta["nodes"]:
-        name = node["name"]
-        logged, decoded = logged_message_keys(job, name), decoded_message_keys(messages, job, name)
-        assert sum(logged.values()) > 0
-        missing, extra = logged - decoded, decoded - logged
+        missing, extra = unmatched_messages(messages, job, node["name"])
         assert not missing and not extra, (
-            f"{job.name}/{name}: {sum(missing.values())} logged messages not decoded, e.g. "
+            f"{job.name}/{node['name']}: {sum(missing.values())} logged messages not decoded, e.g. "
             f"{list(missing)[:3]}; {sum(extra.values())} decoded but not logged, e.g. {list(extra)[:3]}")
 
 

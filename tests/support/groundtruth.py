@@ -5,7 +5,7 @@
 - `load_job(dir)`: a recorded job: job.json, per-node logs (parsed lazily), per-node workload records,
   and for the zmq job its message record.
 - `logged_message_keys` / `decoded_message_keys`: what a node's log lists, and what was decoded from its
-  host's capture, in one form; `kv_app_messages`: the KV messages the BytePS jobs' workers recorded.
+  host's capture, in one form (`unmatched_messages`: what one has and the other has not); `kv_app_messages`: the KV messages the BytePS jobs' workers recorded.
 
 PS_VERBOSE=2 line format (dmlc::LogMessage prefix, then ps::Message::DebugString):
 
@@ -365,6 +365,13 @@ def decoded_message_keys(messages: pd.DataFrame, job, node: str) -> collections.
 def server_id(rank: int) -> int:
     """ps-lite's Postoffice::ServerRankToID."""
     return 8 + 2 * rank
+
+
+def unmatched_messages(messages: pd.DataFrame, job, node: str) -> tuple[collections.Counter, collections.Counter]:
+    """(logged but not decoded, decoded but not logged): the node's log against its host's capture."""
+    logged, decoded = logged_message_keys(job, node), decoded_message_keys(messages, job, node)
+    assert sum(logged.values()) > 0, f"{node}: its log lists no message"
+    return logged - decoded, decoded - logged
 
 
 class KvMessage(NamedTuple):
