@@ -70,9 +70,9 @@ def _resolve_endpoints(streams: dict[str, list], messages: dict[str, list], anno
 
     The sender is named by the DEALER's Identity ("ps<id>"); a node's first connection to the scheduler
     has none, so its ADD_NODE request's own (host, port) names it once the scheduler's reply is known.
-    The receiver is the ROUTER's listening (ip, port) from the reply's node list; dmlc's scheduler is not in
-    that list, so a host that only one node lives on, or control requests (only the scheduler gets them),
-    name it.
+    The receiver is the ROUTER's listening (ip, port) from the reply's node list (every node, the scheduler
+    too, in both ps-lites); failing that address, a host that only one node lives on, or control requests
+    (only the scheduler gets them), name it.
     A bytedance server or scheduler answers a worker's data requests through its ROUTER, on the connection
     the worker's DEALER opened (zmq_van.h NonWorkerSendMsg): that direction has no Identity, the routing
     frame "ps<id>" of its messages names the sender, and the receiver is the DEALER of the other direction.
