@@ -5,18 +5,25 @@ VENV := .venv
 WVENV := .venv-workloads
 APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64
 RUN_CAPTURE ?= pcaps/mxnet_sync
+# BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
+BYTEPS_BUILD := build/byteps
+BYTEPS_APT_PACKAGES := libzmq3-dev g++ make python3-dev
 
-.PHONY: run test bench setup sys workloads pcaps clean
+.PHONY: run test bench setup sys workloads byteps pcaps clean
 
 setup: sys $(VENV)/.installed
 
 # System packages: installed only when one is missing (apt-get needs root, as on these machines).
-sys:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+sys:
+	$(call apt_install,$(APT_PACKAGES))
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -39,9 +46,16 @@ $(WVENV)/.installed:
 	$(WVENV)/bin/pip install -q mxnet==1.9.1 numpy==1.23.5 pyzmq torch==2.13.0
 	touch $@
 
+# Build what the BytePS jobs run (lab/byteps/build.sh: idempotent, ~2 min the first time). Not needed by `make test`,
+# which reads the committed captures.
+byteps: setup
+	$(call apt_install,$(BYTEPS_APT_PACKAGES))
+	PY=$(VENV)/bin/python lab/byteps/build.sh $(BYTEPS_BUILD)
+
 # Re-record the bundled captures from real jobs (root: network namespaces + tcpdump).
-pcaps: setup workloads
+pcaps: setup workloads byteps
 	$(VENV)/bin/python -m lab.record all --out pcaps --workload-python $(WVENV)/bin/python
+	$(VENV)/bin/python -m lab.byteps.record --out pcaps --bin $(BYTEPS_BUILD)/bin
 
 run: setup
 	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run

@@ -60,9 +60,9 @@ def _message_names(messages: pd.DataFrame) -> np.ndarray:
                      [control_names, command], data) + way
 
 
-def _sightings(messages: pd.DataFrame) -> pd.DataFrame:
+def _sightings(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     """One row per (message row, end) whose capture is that end's vantage point."""
-    vantage = vantage_points(messages)
+    vantage = vantage_points(messages, nodes)
     seen = pd.MultiIndex.from_frame(vantage[["node_id", "capture"]])
     captures = messages["capture"].astype(str).to_numpy()
     names = _message_names(messages)
@@ -102,7 +102,7 @@ def chrome_trace(dataset: Dataset, trace: Trace) -> ChromeTrace:
     if len(messages) == 0:
         raise AnalysisError(f"{dataset.source}: no message with a known sender and receiver to show")
     origin_ns = int(messages["ts_first_ns"].min())
-    sightings = _sightings(messages)
+    sightings = _sightings(messages, dataset.nodes)
 
     nodes = np.unique(np.concatenate([sightings["node_id"].to_numpy(), sightings["peer_id"].to_numpy()]))
     process_names = dict(zip(nodes, node_names(nodes)))

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
 from dlcsniff.decoders.output import read_manifest
-from dlcsniff.decoders.timeline import EVENT_COLUMNS, MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS, JobView, job_view
+from dlcsniff.decoders.timeline import (EVENT_COLUMNS, MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS,
+                                       JobView, job_view)
 
 
 class AnalysisError(Exception):
@@ -146,4 +147,5 @@ def load_job_view(decode_dir: str | Path) -> JobView:
         return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=read_columns(clocks_path, CLOCK_COLUMNS),
                        losses=losses)
     return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
-                    read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
+                    read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
+                    read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))

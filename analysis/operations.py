@@ -336,7 +336,7 @@ def build_records(dataset: Dataset) -> Trace:
     if len(messages) == 0:
         raise AnalysisError(f"{dataset.source}: no ps-lite messages were decoded — nothing to analyse")
     topology = job_topology(messages, dataset.nodes)
-    vantage = vantage_points(messages)
+    vantage = vantage_points(messages, dataset.nodes)
     multi = vantage.groupby("node_id").size()
     sides, dropped = _sides(messages, vantage)
     sides, seen_twice = _drop_seen_twice(sides, multi[multi > 1].index.to_numpy())

@@ -48,8 +48,8 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     messages = _concat(results, "messages")
     for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
         messages.setdefault(name, [None] * len(messages["capture"]))
-    nodes, unattributed = resolve_pslite(streams, messages, _concat(results, "pslite_nodes"),
-                                         _concat(results, "pslite_announced"))
+    nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
+        "pslite_nodes", "pslite_announced", "pslite_routed")))
     tables = {
         "streams": table_from_columns("streams", streams),
         "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
@@ -93,7 +93,8 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     streams = tables["streams"].to_pandas()
     tcp = streams[streams["syn_seen"].notna()]              # TCP directions (RoCE rows have no handshake)
     roce = streams[streams["protocol"] == "roce"]
-    messages = tables["messages"].select(["protocol", "complete", "control_cmd"]).to_pandas()
+    messages = tables["messages"].select(["protocol", "complete", "control_cmd", "sender_id", "recver_id"]).to_pandas()
+    pslite = messages[messages["protocol"] == "pslite"]
     zmtp = tables["zmtp"].select(["command", "complete"]).to_pandas()
     collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
     return {
@@ -120,6 +121,8 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         "messages_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
         "incomplete_messages": int((~messages["complete"].fillna(False).astype(bool)).sum()),
         "control_messages": int(messages["control_cmd"].notna().sum()),
+        # ps-lite messages whose sender or receiver no identity, routing frame, announcement or address named
+        "messages_without_node_ids": int((pslite["sender_id"].isna() | pslite["recver_id"].isna()).sum()),
         "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
                                 collectives.groupby(["protocol", "kind"]).size().items()},
         "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
+from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
 
 if TYPE_CHECKING:
     from dlcsniff.decoders.job import DecodedJob
@@ -48,7 +48,8 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: Sequence[
     messages = dataset.tables["messages"]
     pslite = messages.filter(pc.equal(messages.column("protocol"), "pslite"))
     view = job_view(pslite.select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
-                    dataset.tables["streams"].select(list(STREAM_READ_COLUMNS)).to_pandas())
+                    dataset.tables["streams"].select(list(STREAM_READ_COLUMNS)).to_pandas(),
+                    dataset.tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
     summary = job_view_summary(view)
     tables = {**dataset.tables,
               "events": pa.Table.from_pandas(view.events, preserve_index=False),

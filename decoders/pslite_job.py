@@ -2,9 +2,10 @@
 message's tensor.
 
 What one capture cannot tell: node ids come from the scheduler's ADD_NODE reply (seen in the scheduler's and
-the nodes' captures), a stream's sender from its DEALER identity or its ADD_NODE request, its receiver from the
-listening address in that reply; the server's key range then names the tensor (MXNet or BytePS key layouts,
-decoders.tensors). Works on the column lists of the captures' results (decoders.capture_decoder), in place.
+the nodes' captures), a stream's sender from its DEALER identity, its bytedance routing frames or its ADD_NODE
+request, its receiver from the listening address in that reply; the server's key range then names the tensor
+(MXNet or BytePS key layouts, decoders.tensors). Works on the column lists of the captures' results
+(decoders.capture_decoder), in place.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ ROLE_NAMES = {pslite.ROLE_SERVER: "server", pslite.ROLE_WORKER: "worker", pslite
 
 
 def resolve_pslite(streams: dict[str, list], messages: dict[str, list], node_rows: dict[str, list],
-                   announced_rows: dict[str, list]) -> tuple[dict[str, list], int]:
+                   announced_rows: dict[str, list], routed_rows: dict[str, list]) -> tuple[dict[str, list], int]:
     """Fill the job's streams and messages columns in place: stream node_id and protocol of ROUTER sides,
-    message sender/recver ids and roles and their tensor attribution. `node_rows` and `announced_rows` are
-    the captures' pslite_nodes and pslite_announced tables (decoders.protocols.pslite), concatenated.
-    Returns the nodes.parquet columns and how many KV messages could not be attributed to a tensor."""
+    message sender/recver ids and roles and their tensor attribution. `node_rows`, `announced_rows` and
+    `routed_rows` are the captures' pslite_nodes, pslite_announced and pslite_routed tables
+    (decoders.protocols.pslite), concatenated. Returns the nodes.parquet columns and how many KV messages
+    could not be attributed to a tensor."""
     nodes = _node_table(node_rows)
-    endpoints = _resolve_endpoints(streams, messages, announced_rows, nodes)
+    endpoints = _resolve_endpoints(streams, messages, announced_rows, routed_rows, nodes)
     streams["node_id"] = [endpoints.get(f, (None, None))[0] for f in streams["flow_id"]]
     role_of = {nid: role for nid, (role, _, _) in nodes.items()}
     role_of.setdefault(pslite.SCHEDULER_ID, "scheduler")
@@ -63,25 +65,33 @@ def _node_table(rows: dict[str, list]) -> dict[int, tuple[str, str, int]]:
 
 
 def _resolve_endpoints(streams: dict[str, list], messages: dict[str, list], announced_rows: dict[str, list],
-                       nodes: dict) -> dict[int, tuple[int | None, int | None]]:
+                       routed_rows: dict[str, list], nodes: dict) -> dict[int, tuple[int | None, int | None]]:
     """flow_id → (sender node id, receiver node id) for every ps-lite stream.
 
     The sender is named by the DEALER's Identity ("ps<id>"); a node's first connection to the scheduler
     has none, so its ADD_NODE request's own (host, port) names it once the scheduler's reply is known.
-    The receiver is the ROUTER's listening (ip, port) from the reply's node list; the scheduler is not in
-    that list, so a host that only one node lives on, or control requests (only the scheduler gets them),
-    name it.
+    The receiver is the ROUTER's listening (ip, port) from the reply's node list (every node, the scheduler
+    too, in both ps-lites); failing that address, a host that only one node lives on, or control requests
+    (only the scheduler gets them), name it.
+    A bytedance server or scheduler answers a worker's data requests through its ROUTER, on the connection
+    the worker's DEALER opened (zmq_van.h NonWorkerSendMsg): that direction has no Identity, the routing
+    frame "ps<id>" of its messages names the sender, and the receiver is the DEALER of the other direction.
+    Where a server and a worker share a host (BytePS's usual deployment) nothing else names either.
     """
     addr_to_id = {(host, port): nid for nid, (_, host, port) in nodes.items()}
     announced: dict[int, list] = collections.defaultdict(list)
     for flow, host, port in zip(*(announced_rows.get(c, ()) for c in ("flow_id", "hostname", "port"))):
         announced[flow].append((host, port))
+    routed = dict(zip(routed_rows.get("flow_id", ()), routed_rows.get("node_id", ())))
     flows = streams["flow_id"]
+    row_of = {flow: i for i, flow in enumerate(flows)}
     sender: dict[int, int | None] = {}
     for i, flow in enumerate(flows):
         if streams["protocol"][i] != "pslite":
             continue
         nid = pslite.parse_identity(streams["identity"][i])
+        if nid is None:
+            nid = routed.get(flow)
         if nid is None:
             for host_port in announced.get(flow, ()):
                 nid = addr_to_id.get(host_port)
@@ -108,6 +118,9 @@ def _resolve_endpoints(streams: dict[str, list], messages: dict[str, list], anno
         if snd is None and len(ip_ids.get(src_ip, ())) == 1:
             snd = next(iter(ip_ids[src_ip]))
         rcv = addr_to_id.get((dst_ip, dst_port))
+        reverse = row_of.get(streams["reverse_flow_id"][i])
+        if rcv is None and flow in routed and reverse is not None:
+            rcv = pslite.parse_identity(streams["identity"][reverse])
         if rcv is None:
             peers = ip_ids.get(dst_ip, set()) - ({snd} if snd is not None else set())
             if len(peers) == 1 and dst_ip != src_ip:
@@ -119,7 +132,8 @@ def _resolve_endpoints(streams: dict[str, list], messages: dict[str, list], anno
 
 
 def _attribute(messages: dict[str, list], roles: list, ranks_by_id: dict, num_servers: int) -> int:
-    """Fill tensor attribution columns in place (MXNet or BytePS, by the meta's flavor).
+    """Fill tensor attribution columns in place (MXNet or BytePS, by the meta's flavor): what a KV message's
+    head says (request type, dtype) and which tensor (and part) its keys name.
 
     Returns how many KV messages could not be attributed."""
     n = len(messages.get("flow_id", ()))
@@ -141,8 +155,7 @@ def _attribute(messages: dict[str, list], roles: list, ranks_by_id: dict, num_se
                 if flavor == "dmlc":
                     app_cmd[i] = mxnet.simple_app_command(head)
                 continue
-            if flavor == "dmlc":
-                req_type[i], dtype[i] = mxnet.decode_head(head)
+            req_type[i], dtype[i] = (mxnet if flavor == "dmlc" else byteps).decode_head(head)
             if server_id is None or not keys or num_servers == 0:
                 continue
             if flavor == "dmlc":
@@ -151,7 +164,7 @@ def _attribute(messages: dict[str, list], roles: list, ranks_by_id: dict, num_se
             else:
                 tensor_key[i], part[i] = byteps.attribute(keys[0], server_rank[i], num_servers)
         except DecodeError:
-            unattributed += 1     # not MXNet's head, or keys outside the server's range (servers missing?)
+            unattributed += 1     # not the framework's head, or keys outside the server's range (servers missing?)
     messages.update(tensor_key=tensor_key, server_rank=server_rank, req_type=req_type, dtype=dtype,
                     part=part, rows=rows, simple_app_cmd=app_cmd)
     return unattributed

@@ -7,8 +7,9 @@ sender's and at its receiver's. Here the observations of one message become one 
   same at both ends) with the same ps-lite identity (request/push/pull/simple_app flags, timestamp, app,
   customer, control command, head), and are the n-th such message on it in each capture.
 - An observation is the send side when its capture is the sender's own capture (see
-  `decoders.vantage.vantage_points`), the receive side when it is the receiver's (a node's message to
-  itself: both), and an observer's otherwise. Should a side be seen twice, its first sighting counts.
+  `decoders.vantage.vantage_points`: the capture of the host it runs on), the receive side when it is the
+  receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
+  Should a side be seen twice, its first sighting counts.
 - Clocks (analysis.clocks) are estimated from the events seen at both ends: the first byte of every such
   message, and its last byte when both ends saw it whole.
 
@@ -40,6 +41,7 @@ ATTRIBUTES = ("sender_id", "recver_id", "sender_role", "recver_role", "request",
               "server_rank", "req_type", "dtype", "rows", "simple_app_cmd", "barrier_group", "flavor", "complete")
 MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns") + ATTRIBUTES
 STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port")
+NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
 EVENT_COLUMNS = (("event_id", "connection", "message_row") + ATTRIBUTES + (
     "send_capture", "send_first_ns", "send_last_ns", "recv_capture", "recv_first_ns", "recv_last_ns",
@@ -62,9 +64,10 @@ def connection_names(streams: pd.DataFrame) -> pd.Series:
             + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
 
 
-def observations(messages: pd.DataFrame, streams: pd.DataFrame) -> pd.DataFrame:
+def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     """The messages (one row per capture that saw each), sorted by time, with `connection`, the `event_id`
-    shared by the observations of one message, and whether each is the send / receive side's."""
+    shared by the observations of one message, and whether each is the send / receive side's (`nodes`: which
+    nodes share a host, see decoders.vantage)."""
     names = pd.DataFrame({"capture": streams["capture"].astype(str).to_numpy(),
                           "flow_id": streams["flow_id"].to_numpy(np.int64),
                           "connection": connection_names(streams).to_numpy()})
@@ -79,7 +82,7 @@ def observations(messages: pd.DataFrame, streams: pd.DataFrame) -> pd.DataFrame:
     obs["occurrence"] = obs.groupby(["capture", *identity], dropna=False, sort=False).cumcount()
     # numbered in key order, not time order: the same message gets the same id whatever the clocks say
     obs["event_id"] = obs.groupby([*identity, "occurrence"], dropna=False, sort=True).ngroup().astype(np.int64)
-    own = vantage_points(messages)
+    own = vantage_points(messages, nodes)
     own = own[own["own"]]
     own_keys = pd.MultiIndex.from_arrays([own["node_id"].to_numpy(np.int64), own["capture"].to_numpy(object)])
     for side, node in (("send", "sender_id"), ("recv", "recver_id")):
@@ -108,13 +111,15 @@ def _reference_capture(obs: pd.DataFrame, captures: list[str]) -> str:
     return str(scheduler.iloc[0]) if len(scheduler) else captures[0]
 
 
-def job_view(messages: pd.DataFrame, streams: pd.DataFrame) -> JobView:
-    """Merge the captures' observations into events, estimate the clocks, align (see the module doc).
-    Events come in time order (aligned ts_first_ns); event_id depends only on what the messages are."""
+def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> JobView:
+    """Merge the captures' observations into events, estimate the clocks, align (see the module doc): the
+    ps-lite messages (MESSAGE_READ_COLUMNS), streams (STREAM_READ_COLUMNS) and nodes (NODE_READ_COLUMNS) of
+    the decode tables. Events come in time order (aligned ts_first_ns); event_id depends only on what the
+    messages are."""
     if len(messages) == 0:     # e.g. captures of other protocols: nothing to merge, nothing to align
         return JobView(events=pd.DataFrame(columns=list(EVENT_COLUMNS)),
                        clocks=pd.DataFrame(columns=list(CLOCK_COLUMNS)), losses={"observations": 0, "events": 0})
-    obs = observations(messages, streams)
+    obs = observations(messages, streams, nodes)
     n_events = int(obs["event_id"].max()) + 1
     sides = {side: obs[obs[f"{side}_side"]].drop_duplicates("event_id").set_index("event_id")   # time order
              for side in SIDES}

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -114,11 +114,15 @@ class NodeRun:
     killed: bool = False
 
 
-def _tool_versions(workload_python: str) -> dict[str, str]:
+def tcpdump_version() -> str:
     tcpdump = subprocess.run(["tcpdump", "--version"], capture_output=True, text=True, check=False)
     first_line = (tcpdump.stdout or tcpdump.stderr).splitlines()
+    return first_line[0].removeprefix("tcpdump version ").strip() if first_line else "unknown"
+
+
+def _tool_versions(workload_python: str) -> dict[str, str]:
     return {
-        "tcpdump": first_line[0].removeprefix("tcpdump version ").strip() if first_line else "unknown",
+        "tcpdump": tcpdump_version(),
         "python": subprocess.run([workload_python, "-c", "import platform; print(platform.python_version())"],
                                  capture_output=True, text=True, check=True).stdout.strip(),
     }
@@ -461,6 +465,27 @@ def merge_zmq_records(server: dict, client: dict) -> dict:
             "curve": {**server["curve"], **client["curve"]}, "messages": messages}
 
 
+def record_each(recorders: Iterable[Callable[[], Path]]) -> int:
+    """Run each job recorder in turn (each returns its job's directory) and say where each job went, its size
+    and how long it took, warning when the kernel dropped packets from a capture. SIGTERM stops it as
+    Ctrl-C does. The exit status: 0, or 1 once a job could not be recorded (said on stderr)."""
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        for record_job in recorders:
+            began = time.monotonic()
+            job_dir = record_job()
+            size_bytes = sum(path.stat().st_size for path in job_dir.iterdir())
+            print(f"{job_dir}: {size_bytes / 1e6:.2f} MB in {time.monotonic() - began:.1f} s")
+            nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
+            dropped = {n["capture"]: n["capture_stats"]["packets_dropped_by_kernel"] for n in nodes}
+            if any(dropped.values()):
+                print(f"warning: the kernel dropped packets from the captures: {dropped}", file=sys.stderr)
+    except (RecordError, NetnsError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"recording failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -501,7 +526,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.access(args.workload_python, os.X_OK):
         print(f"no workload python at {args.workload_python} (`make workloads` creates it)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if args.command == "all":
         jobs = args.jobs
     elif args.command == "zmq":
@@ -511,27 +535,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
                              args.servers, args.workers, args.bigarray_bound, args.capture_buffer_kib)]
-    try:
-        for job in jobs:
-            began = time.monotonic()
-            if job == ZMQ_JOB:
-                job_dir = record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
-            elif job == GLOO_JOB:
-                job_dir = record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
-                                          world_size=getattr(args, "world_size", GLOO_WORLD_SIZE))
-            else:
-                spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
-                job_dir = record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
-            size_bytes = sum(path.stat().st_size for path in job_dir.iterdir())
-            print(f"{job_dir}: {size_bytes / 1e6:.1f} MB in {time.monotonic() - began:.1f} s")
-            nodes = json.loads((job_dir / "job.json").read_text())["nodes"]
-            dropped = {n["name"]: n["capture_stats"]["packets_dropped_by_kernel"] for n in nodes}
-            if any(dropped.values()):
-                print(f"warning: the kernel dropped packets from the captures: {dropped}", file=sys.stderr)
-    except (RecordError, NetnsError, OSError, subprocess.CalledProcessError) as exc:
-        print(f"recording failed: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    def recorder(job) -> Callable[[], Path]:
+        if job == ZMQ_JOB:
+            return lambda: record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
+        if job == GLOO_JOB:
+            return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
+                                           world_size=getattr(args, "world_size", GLOO_WORLD_SIZE))
+        spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
+        return lambda: record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
+    return record_each(recorder(job) for job in jobs)
 
 
 if __name__ == "__main__":

@@ -503,16 +503,17 @@ class _ZmtpStream:
     ps: PsliteDecoder
     is_pslite: bool | None = None       # None: undecided, until the first message
     decode_error: str | None = None
-    announced: bool = False             # it sent an ADD_NODE request (a pslite_announced row)
+    routed_sender: int | None = None    # the node its routing frames name (reported once: a pslite_routed row)
 
 
 class PsliteCaptureDecoder(ProtocolDecoderBase):
     """ZMTP streams of a capture and the ps-lite messages they carry (decoders.protocols.base API).
 
     Rows: `zmtp` (every ZMTP message and command), `messages` (ps-lite messages, protocol "pslite"), stream
-    columns (ZMTP version, mechanism, socket type, identity...), and two capture-level tables the job-wide
-    resolution reads: `pslite_nodes` (node id, role, host, port from ADD_NODE replies) and `pslite_announced`
-    (the (host, port) a stream's ADD_NODE request announced)."""
+    columns (ZMTP version, mechanism, socket type, identity...), and three capture-level tables the job-wide
+    resolution reads: `pslite_nodes` (node id, role, host, port from ADD_NODE replies), `pslite_announced`
+    (the (host, port) a stream's ADD_NODE request announced) and `pslite_routed` (the sender a stream's
+    bytedance routing frames name)."""
 
     name = "pslite"
 
@@ -606,6 +607,9 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
             return
         st.is_pslite = True
         meta = msg.meta
+        if msg.routing_id is not None and st.routed_sender is None:
+            st.routed_sender = parse_identity(msg.routing_id)
+            self._emit(Row("pslite_routed", {"stream_id": stream_id, "node_id": st.routed_sender}))
         if meta.control_cmd == ADD_NODE:
             if meta.request or any(n.id is None for n in meta.nodes):
                 for node in meta.nodes:

@@ -6,13 +6,13 @@ EncodeRowSparseKey), 3rdparty/mshadow/mshadow/base.h (TypeFlag).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols.pslite import server_key_ranges
+from dlcsniff.decoders.tensors.head import name_head
 
 # RequestType, in enum order
 REQUEST_TYPES = ("default", "row_sparse", "compressed")
@@ -26,16 +26,9 @@ _HOME_SERVER_FACTOR = 9973         # EncodeDefaultKey: server = (key * 9973) % n
 
 
 def decode_head(head: int) -> tuple[str, str]:
-    """(request type, dtype) from a KV message's head: the inverse of the Cantor pairing
-    head = (t + d)(t + d + 1)/2 + d of request type t and dtype d. Raises DecodeError."""
-    if head < 0:
-        raise DecodeError(f"head {head} is negative: not an MXNet KVStore command")
-    diagonal = (math.isqrt(8 * head + 1) - 1) // 2
-    dtype = head - diagonal * (diagonal + 1) // 2
-    req_type = diagonal - dtype
-    if req_type >= len(REQUEST_TYPES) or dtype >= len(DTYPES):
-        raise DecodeError(f"head {head} pairs request type {req_type} with dtype {dtype}: not MXNet 1.9.1's")
-    return REQUEST_TYPES[req_type], DTYPES[dtype]
+    """(request type, dtype) of an MXNet push or pull from its head (decoders.tensors.head). Raises
+    DecodeError."""
+    return name_head(head, REQUEST_TYPES, DTYPES, "MXNet 1.9.1's")
 
 
 def simple_app_command(head: int) -> str:

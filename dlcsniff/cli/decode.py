@@ -107,7 +107,8 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
         out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
     if by_protocol:
-        pslite = (f"; ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes"
+        pslite = (f"; ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes, "
+                  f"{summary['messages_without_node_ids']:,} without a sender or receiver id"
                   if "pslite" in summary["messages_by_protocol"] else "")
         out.print(f"messages by protocol: {by_protocol} ({summary['incomplete_messages']:,} incomplete{pslite})")
     elif not summary["dl_traffic"]:

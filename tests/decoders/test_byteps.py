@@ -1,6 +1,8 @@
-"""bytedance/ps-lite raw struct metas (BytePS) and BytePS key attribution.
+"""bytedance/ps-lite raw struct metas (BytePS), BytePS key and head attribution, and the job-wide naming of a
+server's answers on a host it shares with a worker.
 
-No BytePS runs here (it needs its own build), so the truth comes from upstream source two ways:
+Real captures of BytePS's ps-lite are checked against its own logs in test_decode_byteps_real.py; here the
+truth comes from upstream source two ways:
 - UPSTREAM_METAS: bytes produced by compiling bytedance/ps-lite's own `src/meta.h` of each layout's commit with
   g++ (x86-64) and filling RawMeta/RawNode step by step as that commit's `Van::PackMeta` (src/van.cc) does:
   the whole buffer starts as 0xAB (it comes from `new char[]`, uninitialised), PackMeta bzero()s only the
@@ -19,8 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.tensors import byteps
+from dlcsniff.decoders.tensors.head import unpair
 from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.base import Row, TcpDirection
 from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.pslite_job import resolve_pslite
+from tests.support.protocol_driver import drain
+from tests.support.zmtp_tap import command, greeting_v3, message, metadata
 
 UPSTREAM_METAS = {
     (112, 552): {
@@ -256,6 +263,70 @@ def test_attribute():
             byteps.attribute(bad_key, rank, 3)
     with pytest.raises(DecodeError):
         byteps.attribute(0, 3, 3)
+
+
+def test_heads_unpair():
+    # common.cc GetCommandType(RequestType, dtype) = ((t + d) * (t + d + 1)) / 2 + d, for every pair
+    pairs = [(t, d) for t in range(40) for d in range(40)]
+    assert [unpair((t + d) * (t + d + 1) // 2 + d) for t, d in pairs] == pairs
+    with pytest.raises(DecodeError, match="negative"):
+        unpair(-1)
+
+
+def test_decode_head():
+    for t, req_type in enumerate(byteps.REQUEST_TYPES):
+        for d, dtype in enumerate(byteps.DTYPES):
+            assert byteps.decode_head((t + d) * (t + d + 1) // 2 + d) == (req_type, dtype)
+    # the heads kv_app sent BytePS's own server in pcaps/byteps_server_*: float32, float64, int32 pushes and pulls
+    assert [byteps.decode_head(h) for h in (0, 2, 14)] == [
+        ("default", "float32"), ("default", "float64"), ("default", "int32")]
+    for bad in (-1, 7 * 8 // 2 + 7, 3 * 4 // 2):    # dtype 7 (no BytePS DataType), request type 3
+        with pytest.raises(DecodeError):
+            byteps.decode_head(bad)
+
+
+HOST, SCHEDULER_HOST = "198.18.0.2", "198.18.0.1"
+SERVER, WORKER, WORKER_PORT = 10, 11, 40000       # server and worker on one host, as BytePS deploys them
+
+
+def test_a_routed_stream_is_reported_once_with_its_sender():
+    """The server's ROUTER side of the worker's connection: [b"ps10"][meta][keys][vals][lens] messages."""
+    decoder = pslite.PsliteCaptureDecoder()
+    ip = bytes(map(int, HOST.split(".")))
+    assert decoder.claim(TcpDirection(0, (ip, 9100, ip, WORKER_PORT), True), greeting_v3()) is True
+    answer = build_raw_meta(88, 168, head=0, timestamp=5, customer_id=0, data_types=(8, 11, 3))
+    frames = (b"ps10", answer, struct.pack("<Q", 7), b"\1" * 4, struct.pack("<i", 4))
+    decoder.receive_data(0, memoryview(greeting_v3(as_server=True) + command(b"READY", metadata(
+        {b"Socket-Type": b"ROUTER"})) + message(*frames) + message(*frames)), 1)
+    decoder.end_of_capture()
+    rows = [event for event in drain(decoder) if isinstance(event, Row)]
+    assert [row.values for row in rows if row.table == "pslite_routed"] == [{"stream_id": 0, "node_id": SERVER}]
+    assert len([row for row in rows if row.table == "messages"]) == 2
+
+
+def test_routed_answers_name_their_sender_and_the_worker_that_asked():
+    """A host with a server and a worker: the worker's DEALER stream names it (identity "ps11"), its reverse
+    direction (the server's ROUTER) has no identity and one address for two nodes; its routing frames name
+    the server, and the reverse's identity the worker."""
+    streams = {"flow_id": [1, 2], "protocol": ["pslite", "pslite"], "identity": ["ps11", None],
+               "src_ip": [HOST, HOST], "src_port": [WORKER_PORT, 9100], "dst_ip": [HOST, HOST],
+               "dst_port": [9100, WORKER_PORT], "reverse_flow_id": [2, 1]}
+    columns = ("flow_id", "control_cmd", "request", "head", "flavor", "simple_app", "keys", "lens", "capture",
+               "customer_id", "ps_timestamp")
+    key = BEGIN_RANK1_OF_2 + (3 << 16) + 1
+    messages = dict(zip(columns, ([1, 2], [None, None], [True, False], [0, 0], ["byteps"] * 2, [False] * 2,
+                                  [[key]] * 2, [None] * 2, ["host0"] * 2, [0, 0], [5, 5])))
+    nodes = {"node_id": [1, 8, SERVER, WORKER], "hostname": [SCHEDULER_HOST, "198.18.0.3", HOST, HOST],
+             "role": [pslite.ROLE_SCHEDULER, pslite.ROLE_SERVER, pslite.ROLE_SERVER, pslite.ROLE_WORKER],
+             "port": [9091, 9100, 9100, 9200]}
+    unrouted = {name: list(values) for name, values in messages.items()}
+    resolve_pslite({name: list(values) for name, values in streams.items()}, unrouted, nodes, {}, {})
+    assert (unrouted["sender_id"], unrouted["recver_id"]) == ([WORKER, None], [SERVER, None])
+    resolve_pslite(streams, messages, nodes, {}, {"flow_id": [2], "node_id": [SERVER]})
+    assert (messages["sender_id"], messages["recver_id"]) == ([WORKER, SERVER], [SERVER, WORKER])
+    assert streams["node_id"] == [WORKER, SERVER]
+    # server rank 1 of 2 (ids 8 and 10): tensor 3, part 1; head 0 is BytePS's float32
+    assert (messages["tensor_key"], messages["part"], messages["dtype"]) == ([3, 3], [1, 1], ["float32"] * 2)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

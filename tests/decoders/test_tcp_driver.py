@@ -9,6 +9,7 @@ parse_packet, IPv6, pcap and pcapng, and read buffers of any size (so streams cr
 """
 from __future__ import annotations
 
+import json
 import dataclasses
 import functools
 import random
@@ -65,7 +66,9 @@ def test_bundled_captures_decode_identically_in_bulk(job):
     results = assert_batched_is_per_packet(paths)
     tcp_packets = sum(r.packets - r.non_tcp_packets for r in results)
     assert sum(len(r.tables["streams"]["flow_id"]) for r in results) > 0
-    if tcp_packets > 10_000:            # bulk transfers: the common case is the bulk path
+    # bulk transfers: the common case is the bulk path (not so in a port scan and its hundreds of tiny flows)
+    noise = json.loads((PCAPS / job / "job.json").read_text()).get("noise_s")
+    if tcp_packets > 10_000 and not noise:
         assert sum(r.bulk_packets for r in results) > 0.9 * tcp_packets
 
 

@@ -1,6 +1,7 @@
-"""One event per message of a job (analysis.merge): real MXNet jobs decoded from every node's capture, against
-the messages ps-lite itself logged at both ends; one node's capture alone; and small hand-built captures
-for the corner cases (a message one capture missed, repeats of one identity, an observer's capture)."""
+"""One event per message of a job (analysis.merge): real MXNet and BytePS jobs decoded from every host's capture
+(BytePS's colocated jobs run a server and a worker on each host), against the messages ps-lite itself logged
+at both ends; one node's capture alone; and small hand-built captures for the corner cases (a message one
+capture missed, repeats of one identity, an observer's capture)."""
 from __future__ import annotations
 
 import io
@@ -23,7 +24,7 @@ from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
 from tests.support.groundtruth import KEMPTY, load_job, mxnet_jobs
 
-JOBS = mxnet_jobs()
+JOBS = [*mxnet_jobs(), "byteps_3s3w", "byteps_colocated_2x2", "byteps_server_colocated_2x2"]
 
 
 def _none(value):
@@ -35,7 +36,7 @@ def logged_messages(job) -> collections.Counter:
     simple_app, head, app_id, customer_id): a message is logged as sent by its sender and as received by
     its receiver, so the job's messages are the larger of the two counts per key (ps-lite's Van::Stop
     sends TERMINATE to itself without logging the send: only its receipt is there)."""
-    by_ip = {node["ip"]: node["pslite_id"] for node in job.nodes}
+    by_address = {(node["ip"], node["port"]): node["pslite_id"] for node in job.nodes}
     seen = {"send": collections.Counter(), "recv": collections.Counter()}
     for node in job.nodes:
         own = node["pslite_id"]
@@ -45,7 +46,7 @@ def logged_messages(job) -> collections.Counter:
             else:
                 # a node without an id yet is logged as "?": its ADD_NODE names its address
                 sender = _none(row.sender_id)
-                sender = by_ip[row.nodes[0]["ip"]] if sender is None else int(sender)
+                sender = by_address[row.nodes[0]["ip"], row.nodes[0]["port"]] if sender is None else int(sender)
                 recver = own if row.recver_id == KEMPTY else int(row.recver_id)
             cmd = _none(row.control_cmd)
             control = cmd is not None
@@ -74,9 +75,10 @@ def event_keys(events: pd.DataFrame) -> collections.Counter:
 def _job_inputs(decode_dir):
     """What the timeline is computed from, read back from a decode output."""
     from dlcsniff.analysis.load import read_columns
-    from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, STREAM_READ_COLUMNS
+    from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS
     return (read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
-            read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS))
+            read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
+            read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))
 
 
 @pytest.fixture(scope="module", params=JOBS)
@@ -97,14 +99,16 @@ def test_every_message_of_the_job_is_one_event(job_and_view):
 def test_both_ends_of_every_message_are_kept(job_and_view):
     job, view, _ = job_and_view
     events = view.events
-    captures = {node["pslite_id"]: node["name"] for node in job.nodes}
-    # every node has its own capture: each message was seen by its sender's and its receiver's
+    captures = {node["pslite_id"]: job.capture_name(node["name"]) for node in job.nodes}
+    # every host has its capture: each message was seen by its sender's and its receiver's, once if they
+    # share a host (a node's message to itself, a server's answer to the worker beside it)
     assert (events["send_capture"].astype(str) == events["sender_id"].map(captures)).all()
     assert (events["recv_capture"].astype(str) == events["recver_id"].map(captures)).all()
-    to_itself = events["sender_id"] == events["recver_id"]
-    assert (events["observations"] == np.where(to_itself, 1, 2)).all()
+    one_host = events["sender_id"].map(captures) == events["recver_id"].map(captures)
+    assert (events["observations"] == np.where(one_host, 1, 2)).all()
     assert events["observer_capture"].isna().all()
     assert view.losses["events_seen_at_both_ends"] == len(events) and view.losses["side_seen_twice"] == 0
+    assert view.clocks["aligned"].all() and view.losses["captures_not_aligned"] == 0
     # a message's last byte arrives after its first byte left, on the one timeline (within the clocks' bound)
     bound = int(view.clocks["error_bound_ns"].max()) * 2
     assert ((events["ts_last_ns"] - events["ts_first_ns"]) >= -bound).all()
@@ -131,7 +135,7 @@ def test_decode_output_writes_both_tables(job_and_view):
     clocks = pd.read_parquet(decode_dir / "clocks.parquet")
     assert list(events.columns) == list(EVENT_COLUMNS) and list(clocks.columns) == list(CLOCK_COLUMNS)
     assert len(events) == summary["events"] == len(view.events)
-    assert summary["reference"] == "scheduler" and len(clocks) == len(job.nodes)
+    assert summary["reference"] == "scheduler" and len(clocks) == len({node["capture"] for node in job.nodes})
     recomputed = job_view(*_job_inputs(decode_dir))
     pd.testing.assert_frame_equal(clocks, recomputed.clocks, check_dtype=False)
     # the events as written are the events recomputed from the tables (through Parquet: the same null types)
@@ -184,13 +188,15 @@ def own_capture(capture: str, node: int) -> dict:
     return message(capture, node, SCHEDULER, 1000 + node, 0) | {"control_cmd": pslite.BARRIER}
 
 
-def frames(rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(messages, streams): one stream per (capture, flow), its addresses the sender's and receiver's."""
+def frames(rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(messages, streams, nodes): one stream per (capture, flow), its addresses the sender's and receiver's;
+    every node at its address."""
     seen = {(r["capture"], r["flow_id"]): (r["sender_id"], r["recver_id"]) for r in rows}
     streams = pd.DataFrame([{"capture": c, "flow_id": f, "src_ip": ADDRESSES[s][0], "src_port": ADDRESSES[s][1],
                              "dst_ip": ADDRESSES[r][0], "dst_port": ADDRESSES[r][1]}
                             for (c, f), (s, r) in seen.items()])
-    return pd.DataFrame(rows), streams
+    nodes = pd.DataFrame([{"node_id": node, "hostname": ip} for node, (ip, _) in ADDRESSES.items()])
+    return pd.DataFrame(rows), streams, nodes
 
 
 def test_a_message_one_capture_missed_is_still_one_event():

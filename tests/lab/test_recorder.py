@@ -19,6 +19,8 @@ from tests.conftest import PCAPS, WORKLOAD_PYTHON
 from tests.support.groundtruth import KEMPTY, load_job, mxnet_jobs, parse_pslite_log
 
 MXNET_JOBS = mxnet_jobs() + mxnet_jobs(lossy=True)
+# both ps-lites: MXNet's dmlc/ps-lite and BytePS's bytedance/ps-lite (lab/byteps)
+PSLITE_JOBS = MXNET_JOBS + sorted(path.parent.name for path in PCAPS.glob("byteps_*/job.json"))
 MATCH_FIELDS = ["request", "timestamp", "control_cmd", "barrier_group", "app_id", "customer_id",
                 "simple_app", "push", "head", "body"]
 LINK_LOCAL_MULTICAST = ipaddress.ip_network("224.0.0.0/24")
@@ -136,7 +138,7 @@ def _directed_messages(job) -> tuple[Counter, Counter]:
     return sent, received
 
 
-@pytest.mark.parametrize("job_name", MXNET_JOBS)
+@pytest.mark.parametrize("job_name", PSLITE_JOBS)
 def test_every_pslite_send_is_logged_as_received_by_its_peer(job_name):
     job = load_job(PCAPS / job_name)
     for node in job.nodes:
@@ -150,7 +152,7 @@ def test_every_pslite_send_is_logged_as_received_by_its_peer(job_name):
     assert received - sent == Counter(), "received, never sent"
 
 
-@pytest.mark.parametrize("job_name", MXNET_JOBS)
+@pytest.mark.parametrize("job_name", PSLITE_JOBS)
 def test_scheduler_node_list_matches_job_json(job_name):
     job = load_job(PCAPS / job_name)
     scheduler = job.log("scheduler")
@@ -268,7 +270,7 @@ def check_captures(job) -> None:
         assert any(node["capture_stats"]["packets_dropped_by_kernel"] > 0 for node in job.meta["nodes"])
 
 
-@pytest.mark.parametrize("job_name", [*MXNET_JOBS, "zmq", "gloo"])
+@pytest.mark.parametrize("job_name", [*PSLITE_JOBS, "mxnet_noise", "zmq", "gloo"])
 def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
     job = load_job(PCAPS / job_name)
     check_captures(job)

@@ -1,8 +1,19 @@
-"""Reading a decode output the way the statistics and exports read it, written out independently for checks."""
+"""Reading a decode output the way the statistics and exports read it, written out independently for checks;
+and a bundled job's decode tables."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from dlcsniff.decoders.job import decode_paths
+
+
+def decoded_tables(job_dir: Path) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The decode tables of a job's captures as DataFrames, and the decode summary (as `dlcsniff decode`)."""
+    dataset = decode_paths([job_dir])
+    return {name: table.to_pandas() for name, table in dataset.tables.items()}, dataset.summary
 
 
 def on_reference_clock(messages: pd.DataFrame, clocks: pd.DataFrame) -> pd.DataFrame:

@@ -58,15 +58,35 @@ def _stop_tcpdump(proc: subprocess.Popen, path: Path) -> int:
     captured = re.search(r"(\d+) packets? captured", err)
     dropped = re.search(r"(\d+) packets? dropped by kernel", err)
     assert captured and dropped, f"unexpected tcpdump output: {err}"
-    assert int(dropped.group(1)) == 0, f"tcpdump dropped packets, the capture is not complete: {err}"
+    if int(dropped.group(1)):
+        raise _Dropped(f"tcpdump dropped packets, the capture is not complete: {err}")
     return int(captured.group(1))
+
+
+class _Dropped(AssertionError):
+    """tcpdump could not keep up (a busy machine): the capture is incomplete, the transfer is run again."""
+
+
+TRANSFER_ATTEMPTS = 3
 
 
 def capture_tcp_transfer(out_dir: Path, request: bytes, reply: bytes, captures: dict[str, list[str]],
                          *, mss: int | None = None) -> Transfer:
     """One real TCP connection on 127.0.0.1 (client sends `request`, then the server `reply`), captured by
-    one tcpdump per `captures` entry (name -> tcpdump arguments such as ["-i", "lo"]) into out_dir/name."""
+    one tcpdump per `captures` entry (name -> tcpdump arguments such as ["-i", "lo"]) into out_dir/name; run
+    again (up to TRANSFER_ATTEMPTS times) when a tcpdump dropped packets."""
     require_root()
+    for attempt in range(TRANSFER_ATTEMPTS):
+        try:
+            return _capture_tcp_transfer(out_dir, request, reply, captures, mss)
+        except _Dropped:
+            if attempt == TRANSFER_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _capture_tcp_transfer(out_dir: Path, request: bytes, reply: bytes, captures: dict[str, list[str]],
+                          mss: int | None) -> Transfer:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
