@@ -16,6 +16,7 @@ from dlcsniff.analysis.load import (AnalysisError, CollectiveDataset, Dataset, l
                                     load_job_view)
 from dlcsniff.decoders.timeline import JobView
 from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records, pslite_trace
+from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.summary import Stats, compute_stats, headline, summary_json, write_stats
 
 __all__ = [
@@ -31,18 +32,24 @@ def trace_of(decode_dir: str | Path) -> Trace:
     return build_records(load_dataset(decode_dir))
 
 
-def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path) -> tuple[Trace, list[DlcFile]]:
-    """`dlcsniff dlc`: one DLC trace file per node of the decoded job in decode_dir."""
+def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False
+                     ) -> tuple[Trace, list[DlcFile]]:
+    """`dlcsniff dlc`: one DLC trace file per node of the decoded job in decode_dir (and manifest.json)."""
+    out_dir = claim(out_dir, decode_dir, force=force)
     trace = trace_of(decode_dir)
-    return trace, write_dlc(trace, out_dir)
+    written = write_dlc(trace, out_dir)
+    label(out_dir, "dlc", decode_dir, [file.path for file in written])
+    return trace, written
 
 
-def write_statistics(decode_dir: str | Path, out_dir: str | Path) -> Stats:
+def write_statistics(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Stats:
     """`dlcsniff stats`: the statistics tables (Parquet) and summary.json of the decoded job, with the
-    merged view's (requests, in flight, connections, key updates; analysis.latency) and its collectives'."""
+    merged view's (requests, in flight, connections, key updates; analysis.latency) and its collectives'
+    (and manifest.json)."""
+    out_dir = claim(out_dir, decode_dir, force=force)
     stats = compute_stats(pslite_trace(load_dataset(decode_dir)), source=str(decode_dir),
                           job=job_statistics(decode_dir), collectives=collective_statistics_of(decode_dir))
-    write_stats(stats, out_dir)
+    label(out_dir, "stats", decode_dir, write_stats(stats, out_dir))
     return stats
 
 

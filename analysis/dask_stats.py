@@ -24,6 +24,7 @@ from dlcsniff.analysis.collective_stats import collective_statistics_of
 from dlcsniff.analysis.latency import job_statistics
 from dlcsniff.analysis.load import load_dataset
 from dlcsniff.analysis.operations import pslite_trace
+from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.summary import Stats, compute_stats, write_stats
 from dlcsniff.decoders.dask_cluster import cluster_failures, dask_client, worker_path
 
@@ -50,8 +51,9 @@ def statistics_dask(decode_dir: str | Path, *, scheduler: str | None = None, wor
 
 
 def write_statistics_dask(decode_dir: str | Path, out_dir: str | Path, *, scheduler: str | None = None,
-                          workers: int | None = None) -> Stats:
+                          workers: int | None = None, force: bool = False) -> Stats:
     """`dlcsniff stats --engine dask`: `analysis.write_statistics` computed on a Dask cluster."""
+    out_dir = claim(out_dir, decode_dir, force=force)
     stats = statistics_dask(decode_dir, scheduler=scheduler, workers=workers)
-    write_stats(stats, out_dir)
+    label(out_dir, "stats", decode_dir, write_stats(stats, out_dir))
     return stats

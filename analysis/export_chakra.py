@@ -42,6 +42,7 @@ import pandas as pd
 from dlcsniff.analysis.chakra_schema import AttributeProto, CollectiveCommType, GlobalMetadata, Node, NodeType, delimited
 from dlcsniff.analysis.dlc import dlc_table
 from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset, read_columns
+from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.operations import (
     CATEGORY_CONTROL, CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE,
     SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, build_records,
@@ -376,14 +377,18 @@ def _pslite_part(dataset: Dataset) -> Dataset | None:
     return Dataset(messages=messages, nodes=dataset.nodes, source=dataset.source) if len(messages) else None
 
 
-def write_chakra_traces(decode_dir: str | Path, out_dir: str | Path) -> ChakraExport:
-    """`dlcsniff export --format chakra`: `<out_dir>/<job>.<rank>.et` per rank, <job> the decode directory's name."""
+def write_chakra_traces(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> ChakraExport:
+    """`dlcsniff export --format chakra`: `<out_dir>/<job>.<rank>.et` per rank, <job> the decode directory's name
+    (and manifest.json)."""
+    out_dir = claim(out_dir, decode_dir, force=force)
     dataset = load_dataset(decode_dir)
     pslite = _pslite_part(dataset)
     trace = build_records(pslite) if pslite is not None else None
     collectives_path = Path(decode_dir) / "collectives.parquet"
     collectives = read_columns(collectives_path, COLLECTIVE_COLUMNS) if collectives_path.exists() else None
     name = Path(decode_dir).resolve().name or "job"
-    return write_chakra(chakra_graph(trace, collectives), out_dir, name, source=str(decode_dir))
+    written = write_chakra(chakra_graph(trace, collectives), out_dir, name, source=str(decode_dir))
+    label(out_dir, "chakra", decode_dir, [file.path for file in written.files])
+    return written
 
 

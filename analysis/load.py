@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
-from dlcsniff.decoders.output import read_manifest
+from dlcsniff.decoders.output_dir import read_manifest
 from dlcsniff.decoders.timeline import (EVENT_COLUMNS, MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS,
                                        JobView, job_view)
 

@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, Engine, SchedulerAddress, app, check_engine, err, fail, out
+from dlcsniff.cli.app import DecodeDir, Engine, Force, SchedulerAddress, app, check_engine, err, fail, out
 
 
 @app.command()
 def dlc(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the trace files.")],
+    force: Force = False,
 ) -> None:
     """Write every node's DLC trace (SketchDLC format): worker<rank>.txt, server<rank>.txt, scheduler.txt.
 
@@ -23,7 +24,7 @@ def dlc(
 
     try:
         with err.status("building the DLC traces"):
-            trace, files = write_dlc_traces(decode_dir, out_dir)
+            trace, files = write_dlc_traces(decode_dir, out_dir, force=force)
     except AnalysisError as exc:
         fail(str(exc))
     table = Table(title=f"DLC traces in {out_dir} (kvstore {trace.mode})", title_justify="left")
@@ -39,6 +40,7 @@ def dlc(
 def stats(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the statistics tables.")],
+    force: Force = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the tables.")] = False,
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
@@ -66,9 +68,10 @@ def stats(
     try:
         with err.status("computing the statistics"):
             if engine == "dask":
-                result = write_statistics_dask(decode_dir, out_dir, scheduler=scheduler, workers=workers)
+                result = write_statistics_dask(decode_dir, out_dir, scheduler=scheduler, workers=workers,
+                                               force=force)
             else:
-                result = write_statistics(decode_dir, out_dir)
+                result = write_statistics(decode_dir, out_dir, force=force)
     except (AnalysisError, ClusterError) as exc:
         fail(str(exc))
     if as_json:

@@ -51,3 +51,5 @@ def check_engine(engine: str, scheduler: Optional[str]) -> None:
 
 
 DecodeDir = Annotated[Path, typer.Argument(help="The --out directory of `dlcsniff decode`.")]
+Force = Annotated[bool, typer.Option("--force", help="Replace the output of an earlier run in --out (its files "
+                                     "only, as its manifest.json lists them).")]

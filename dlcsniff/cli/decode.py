@@ -30,6 +30,8 @@ def decode(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="Processes decoding captures in parallel (pandas: forked, 0 = none; dask: the local "
         "cluster's workers). Default: one per core, when it pays.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the output of an earlier run in --out (its "
+                                        "files only, as its manifest lists them).")] = False,
 ) -> None:
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
@@ -39,9 +41,17 @@ def decode(
     from dlcsniff.decoders.dask_cluster import ClusterError
     from dlcsniff.decoders.dask_decode import decode_paths_dask
     from dlcsniff.decoders.errors import CaptureError
+    from dlcsniff.decoders.inputs.capture_set import expand_inputs
     from dlcsniff.decoders.job import decode_paths
+    from dlcsniff.decoders.output_dir import InputDigests, OutputError, claim_output_dir
 
     check_engine(engine, scheduler)
+    try:
+        # everything about the output is checked before any decoding
+        out_dir = claim_output_dir(out_dir, captures, force=force)
+        digests = InputDigests([file for capture in expand_inputs(captures) for file in capture.files])
+    except (CaptureError, OutputError) as exc:
+        fail(str(exc))
 
     bar = None
 
@@ -68,11 +78,11 @@ def decode(
     finally:
         if bar is not None:
             bar.stop()
-    from dlcsniff.decoders.output import OutputError, write_decode_output
+    from dlcsniff.decoders.output import write_decode_output
     try:
         # The tables, and one timeline for the job: a message seen at both ends becomes one event
         # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
-        job = write_decode_output(dataset, out_dir, inputs=captures, command=sys.argv)
+        job = write_decode_output(dataset, out_dir, inputs=digests.result(), command=sys.argv)
     except OutputError as exc:
         fail(str(exc))
     summary = dataset.summary

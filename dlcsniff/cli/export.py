@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, app, err, fail, out
+from dlcsniff.cli.app import DecodeDir, Force, app, err, fail, out
 
 
 @app.command()
@@ -18,6 +18,7 @@ def export(
         "<job>.<rank>.et file per rank for ASTRA-sim.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The JSON file (chrome) or the directory of .et "
                                            "files (chakra).")],
+    force: Force = False,
 ) -> None:
     """Export a decoded job for other tools: a Chrome trace (one timeline of every node) or Chakra traces.
 
@@ -33,7 +34,7 @@ def export(
             if export_format == "chrome":
                 found = write_chrome_trace(decode_dir, out_path)
             else:
-                written = write_chakra_traces(decode_dir, out_path)
+                written = write_chakra_traces(decode_dir, out_path, force=force)
     except AnalysisError as exc:
         fail(str(exc))
     if export_format == "chrome":

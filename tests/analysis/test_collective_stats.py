@@ -384,7 +384,9 @@ def test_stats_and_report_of_the_gloo_job(gloo_dir, tmp_path):
     assert section["by_kind"]["barrier"]["busbw_gb_per_s"] is None
     table = pd.read_parquet(tmp_path / "stats" / "collective_stats.parquet")
     assert tuple(table.columns) == OPERATION_COLUMNS and len(table) == 28
-    terminal = invoke("stats", gloo_dir, "--out", tmp_path / "stats")
+    refused = invoke("stats", gloo_dir, "--out", tmp_path / "stats")        # another run's output is there
+    assert refused.exit_code == 1 and "--force" in refused.output
+    terminal = invoke("stats", gloo_dir, "--out", tmp_path / "stats", "--force")
     assert terminal.exit_code == 0 and "all-to-all / all-reduce bytes" in terminal.stdout
     assert "SketchDLC" not in terminal.stdout and "busbw" in terminal.stdout
     assert set(_report(gloo_dir, tmp_path / "report")) == COLLECTIVE_FIGURES
@@ -430,7 +432,7 @@ def test_stats_and_report_of_a_job_with_both(mixed_dir, stats, tmp_path):
     shifted = aligned.groupby(level="op")["start_ns"].agg(lambda s: s.max() - s.min())
     operations = pd.read_parquet(tmp_path / "stats" / "collective_stats.parquet").set_index("op")
     assert (operations.loc[shifted.index, "start_skew_ns"] == shifted).all()
-    terminal = invoke("stats", mixed_dir, "--out", tmp_path / "stats")
+    terminal = invoke("stats", mixed_dir, "--out", tmp_path / "stats", "--force")
     assert "SketchDLC figures" in terminal.stdout and "all-to-all / all-reduce bytes" in terminal.stdout
     assert set(_report(mixed_dir, tmp_path / "report")) == PSLITE_FIGURES | COLLECTIVE_FIGURES
 

@@ -76,7 +76,7 @@ def test_one_file_per_worker_and_server_each_a_metadata_then_nodes(exported):
     kv_nodes = [node for node in job.nodes if node["role"] in ("worker", "server")]
     assert sorted(files) == list(range(len(kv_nodes)))
     assert sorted(path.name for path in written.prefix.parent.iterdir()) == sorted(
-        f"{decode_dir.name}.{rank}.et" for rank in files)
+        [f"{decode_dir.name}.{rank}.et" for rank in files] + ["manifest.json"])
     for rank, (metadata, nodes) in files.items():
         assert metadata.version == "1.0.0"
         assert value(metadata, "rank") == rank and value(metadata, "world_size") == len(kv_nodes)

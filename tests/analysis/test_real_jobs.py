@@ -267,13 +267,14 @@ def test_cli_stats_dlc_and_a_self_contained_report(decoded, tmp_path):
     written = {path.name for path in (tmp_path / "stats").iterdir()}
     assert written == {"iterations.parquet", "keys.parquet", "sizes.parquet", "traffic.parquet",
                        "volume_iterations.parquet", "volume_keys.parquet", "requests.parquet",
-                       "in_flight.parquet", "connections.parquet", "key_updates.parquet", "summary.json"}
+                       "in_flight.parquet", "connections.parquet", "key_updates.parquet", "summary.json",
+                       "manifest.json"}
     assert tuple(pd.read_parquet(tmp_path / "stats" / "iterations.parquet").columns) == ITERATION_COLUMNS
-    table = runner.invoke(app, ["stats", str(decode_dir), "--out", str(tmp_path / "stats")])
+    table = runner.invoke(app, ["stats", str(decode_dir), "--out", str(tmp_path / "stats"), "--force"])
     assert table.exit_code == 0 and "mean overlap ratio" in table.stdout
     dlc = runner.invoke(app, ["dlc", str(decode_dir), "--out", str(tmp_path / "dlc")])
     assert dlc.exit_code == 0 and sorted(p.name for p in (tmp_path / "dlc").iterdir()) == [
-        "scheduler.txt", "server0.txt", "server1.txt", "worker0.txt", "worker1.txt"]
+        "manifest.json", "scheduler.txt", "server0.txt", "server1.txt", "worker0.txt", "worker1.txt"]
 
     report = runner.invoke(app, ["report", str(decode_dir), "--out", str(tmp_path / "report.html"),
                                  "--figures", str(tmp_path / "figures")])

@@ -16,7 +16,7 @@ import pytest
 
 from dlcsniff.analysis import AnalysisError, load_job_view
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS
-from dlcsniff.decoders.output import read_manifest
+from dlcsniff.decoders.output_dir import read_manifest
 from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view
 from dlcsniff.decoders.protocols import pslite
 from dlcsniff.decoders.output import write_decode_output
