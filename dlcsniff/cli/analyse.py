@@ -1,20 +1,23 @@
 """`dlcsniff dlc`, `stats` and `report`: a decode output's DLC traces, statistics and HTML report."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, Engine, Force, SchedulerAddress, app, check_engine, err, fail, out
+from dlcsniff.cli.app import (DecodeDir, Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err,
+                              fail, out)
 
 
-@app.command()
+@command()
 def dlc(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the trace files.")],
     force: Force = False,
+    as_json: Json = False,
 ) -> None:
     """Write every node's DLC trace (SketchDLC format): worker<rank>.txt, server<rank>.txt, scheduler.txt.
 
@@ -27,6 +30,11 @@ def dlc(
             trace, files = write_dlc_traces(decode_dir, out_dir, force=force)
     except AnalysisError as exc:
         fail(str(exc))
+    if as_json:
+        print(json.dumps({"out": str(out_dir), "mode": trace.mode, "files": [
+            {"file": written.path.name, "node": written.node, "records": written.records, "vantage": written.vantage,
+             "captures": written.captures} for written in files]}, indent=2))
+        return
     table = Table(title=f"DLC traces in {out_dir} (kvstore {trace.mode})", title_justify="left")
     for col in ("file", "node", "records", "seen from"):
         table.add_column(col, justify="right" if col == "records" else "left")
@@ -36,17 +44,17 @@ def dlc(
     out.print(table)
 
 
-@app.command()
+@command()
 def stats(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the statistics tables.")],
     force: Force = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json instead of the tables.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", **Flag, help="Print summary.json instead of the tables.")] = False,
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="Workers of the local Dask cluster (--engine dask; default: one per core, at most "
-        "3, the statistics' parallel branches).")] = None,
+        "--workers", min=1, metavar="N", help="Workers of the local Dask cluster (--engine dask; default: one per "
+        "core, at most 3, the statistics' parallel branches).")] = None,
 ) -> None:
     """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics);
     time, bandwidth, skew, traffic matrices and overlap of collective operations.
@@ -110,12 +118,13 @@ def stats(
     out.print(f"{losses}\nwrote the tables and summary.json to {out_dir}")
 
 
-@app.command()
+@command()
 def report(
     decode_dir: DecodeDir,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")],
     figures_dir: Annotated[Optional[Path], typer.Option("--figures", help="Also write every figure as "
                                                         "FIGURES/<name>.png.")] = None,
+    as_json: Json = False,
 ) -> None:
     """One self-contained HTML report (figures embedded) of a decoded job.
 
@@ -128,4 +137,8 @@ def report(
             written = write_html_report(decode_dir, out_path, figures_dir)
     except AnalysisError as exc:
         fail(str(exc))
+    if as_json:
+        print(json.dumps({"report": str(written), "bytes": written.stat().st_size,
+                          "figures": str(figures_dir) if figures_dir is not None else None}, indent=2))
+        return
     out.print(f"wrote {written}")

@@ -6,32 +6,37 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli.app import app, err, fail
+from dlcsniff.cli.app import Flag, command, err, fail
 
 
-@app.command()
+@command()
 def capture(
     iface: Annotated[Optional[str], typer.Option("--iface", "-i", help="Interface to capture on (`any`: all).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Capture directory (created 0700; a "
                                                     "restart adds a new file set).")] = None,
     filter_text: Annotated[Optional[str], typer.Option("--filter", help="pcap filter expression.")] = None,
     ports: Annotated[Optional[str], typer.Option("--ports", help="Only these TCP ports, e.g. 9091,9100-9200.")] = None,
-    snaplen: Annotated[int, typer.Option("--snaplen", help="Bytes kept per packet (0: whole packets).")] = 0,
-    rotate_mb: Annotated[int, typer.Option("--rotate-mb", help="Start a new capture file every N MB.")] = 100,
-    max_disk_mb: Annotated[Optional[int], typer.Option("--max-disk-mb", help="Disk budget of the directory in MB, "
-                                                       "never exceeded: the capture stops when it is used up.")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Stop after this many seconds.")] = None,
-    no_ebpf: Annotated[bool, typer.Option("--no-ebpf", help="Packets only: no eBPF probes.")] = False,
+    # ranges are checked by the daemon's options (sniffer/options.py), with its exit code for bad options
+    snaplen: Annotated[int, typer.Option("--snaplen", metavar="BYTES",
+                                         help="Bytes kept per packet (0: whole packets).")] = 0,
+    rotate_mb: Annotated[int, typer.Option("--rotate-mb", metavar="MB",
+                                           help="Start a new capture file every N MB.")] = 100,
+    max_disk_mb: Annotated[Optional[int], typer.Option(
+        "--max-disk-mb", metavar="MB",
+        help="Disk budget of the directory in MB, never exceeded: the capture stops when it is used up.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", metavar="SECONDS",
+                                                      help="Stop after this many seconds.")] = None,
+    no_ebpf: Annotated[bool, typer.Option("--no-ebpf", **Flag, help="Packets only: no eBPF probes.")] = False,
     user: Annotated[Optional[str], typer.Option("--user", help="User to run as once the capture is open "
                                                 "(default: tcpdump, else nobody).")] = None,
     lib: Annotated[Optional[list[Path]], typer.Option("--lib", help="Also probe this libzmq/libnccl (or a library "
                                                       "embedding it) from the start; repeatable.")] = None,
-    buffer_mb: Annotated[int, typer.Option("--buffer-mb", help="Kernel capture ring in MiB.")] = 64,
-    full_payload: Annotated[bool, typer.Option("--full-payload", help="Record every byte of every packet. By "
+    buffer_mb: Annotated[int, typer.Option("--buffer-mb", metavar="MIB", help="Kernel capture ring in MiB.")] = 64,
+    full_payload: Annotated[bool, typer.Option("--full-payload", **Flag, help="Record every byte of every packet. By "
                                                "default an eBPF filter cuts the values of large ZMTP data "
                                                "frames (over 64 KiB) in the kernel; decoding needs none of "
                                                "them.")] = False,
-    print_bpf: Annotated[bool, typer.Option("--print-bpf", help="Print the eBPF program and its compiler flags "
+    print_bpf: Annotated[bool, typer.Option("--print-bpf", **Flag, help="Print the eBPF program and its compiler flags "
                                             "as they would be used here, and exit.")] = False,
 ) -> None:
     """Capture packets and eBPF probe events beside a running job, until Ctrl-C / SIGTERM (root).

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,27 +12,27 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from dlcsniff.cli.app import Engine, SchedulerAddress, app, check_engine, err, fail, out
+from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, detail, err, fail,
+                              out, warn)
 
 
 PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on
 
 
-@app.command()
+@command()
 def decode(
-    captures: Annotated[list[Path], typer.Argument(help="Capture files (pcap/pcapng, optionally .gz) or "
-                                                   "directories of them: every node of one job.")],
+    captures: Annotated[list[Path], typer.Argument(metavar="CAPTURE...", help="Capture files (pcap/pcapng, "
+                                                   "optionally .gz) or directories of them: every node of one job.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory for the Parquet tables.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress",
+    as_json: Json = False,
+    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", **Flag,
                                                      help="Progress bar (default: on large inputs).")] = None,
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="Processes decoding captures in parallel (pandas: forked, 0 = none; dask: the local "
-        "cluster's workers). Default: one per core, when it pays.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace the output of an earlier run in --out (its "
-                                        "files only, as its manifest lists them).")] = False,
+        "--workers", min=0, metavar="N", help="Processes decoding captures in parallel (pandas: forked, 0 = none; "
+        "dask: the local cluster's workers). Default: one per core, when it pays.")] = None,
+    force: Force = False,
 ) -> None:
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
@@ -66,6 +67,7 @@ def decode(
         task = bar.add_task("decoding", total=total)
         return lambda n: bar.advance(task, n)
 
+    began = time.monotonic()
     try:
         if engine == "dask":
             dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
@@ -78,13 +80,16 @@ def decode(
     finally:
         if bar is not None:
             bar.stop()
+    detail(f"decoded {dataset.summary['packets']:,} packets in {time.monotonic() - began:.2f} s")
     from dlcsniff.decoders.output import write_decode_output
+    began = time.monotonic()
     try:
         # The tables, and one timeline for the job: a message seen at both ends becomes one event
         # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
         job = write_decode_output(dataset, out_dir, inputs=digests.result(), command=sys.argv)
     except OutputError as exc:
         fail(str(exc))
+    detail(f"wrote the tables, the job's timeline and the manifest in {time.monotonic() - began:.2f} s")
     summary = dataset.summary
     summary["out"] = str(out_dir)
     summary["job_view"] = job
@@ -99,7 +104,7 @@ def decode(
 
 def _print_decode_summary(summary: dict, tables: dict) -> None:
     for warning in summary["warnings"]:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        warn(warning)
     table = Table(title="capture", title_justify="left")
     for col in ("capture", "packets", "non-TCP", "undecoded msgs"):
         table.add_column(col, justify="right" if col != "capture" else "left")
@@ -110,7 +115,8 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
     out.print(f"flows (TCP directions) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
-              f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; retransmitted {summary['retransmitted_bytes']:,} B; "
+              f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; "
+              f"retransmitted {summary['retransmitted_bytes']:,} B; "
               f"{summary['midstream_streams']} flows started before the capture; "
               f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
     if summary["zmtp_messages"] or summary["zmtp_commands"]:
@@ -129,7 +135,7 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
         out.print(f"capture daemons: {procs['flows_with_pid']:,} flows with their process, "
                   f"{procs['messages_with_api_time']:,} messages with their libzmq call time")
         for warning in procs["warnings"]:
-            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+            warn(warning)
     if summary["roce"]:
         out.print("RoCE: " + ", ".join(f"{name.replace('_', ' ')} {n:,}" for name, n in summary["roce"].items()))
     if summary["collectives_by_kind"]:

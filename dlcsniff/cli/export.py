@@ -1,16 +1,17 @@
 """`dlcsniff export`: a decode output for Perfetto / chrome://tracing and for ASTRA-sim (Chakra)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, Force, app, err, fail, out
+from dlcsniff.cli.app import DecodeDir, Force, Json, command, err, fail, out
 
 
-@app.command()
+@command()
 def export(
     decode_dir: DecodeDir,
     export_format: Annotated[Literal["chrome", "chakra"], typer.Option(
@@ -19,6 +20,7 @@ def export(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The JSON file (chrome) or the directory of .et "
                                            "files (chakra).")],
     force: Force = False,
+    as_json: Json = False,
 ) -> None:
     """Export a decoded job for other tools: a Chrome trace (one timeline of every node) or Chakra traces.
 
@@ -37,6 +39,16 @@ def export(
                 written = write_chakra_traces(decode_dir, out_path, force=force)
     except AnalysisError as exc:
         fail(str(exc))
+    if as_json:
+        if export_format == "chrome":
+            result = {"out": str(out_path), "message_events": found.message_events, "flows": found.flows,
+                      "iterations": found.iterations, "losses": found.losses}
+        else:
+            result = {"out": str(out_path), "prefix": str(written.prefix), "losses": written.losses, "files": [
+                {"file": file.path.name, "node": file.node, "nodes": file.nodes, "send_recv": file.comm_nodes,
+                 "compute": file.comp_nodes, "collective": file.coll_nodes} for file in written.files]}
+        print(json.dumps(result, indent=2, default=str))
+        return
     if export_format == "chrome":
         out.print(f"wrote {out_path}: {found.message_events:,} message events, {found.flows:,} flows, "
                   f"{found.iterations:,} worker iterations (open it in Perfetto or chrome://tracing)")
