@@ -23,8 +23,8 @@ __all__ = [
     "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
     "JobStats", "JobView", "Stats", "Trace", "build_records", "collective_statistics", "collective_statistics_of",
     "compute_stats", "dlc_table", "headline", "job_statistics", "load_collectives", "load_dataset",
-    "load_job_view", "pslite_trace", "read_dlc", "summary_json", "trace_of", "write_dlc", "write_dlc_traces",
-    "write_html_report", "write_statistics", "write_stats",
+    "load_job_view", "pslite_trace", "read_dlc", "statistics_of", "summary_json", "trace_of", "write_dlc",
+    "write_dlc_traces", "write_html_report", "write_statistics", "write_stats",
 ]
 
 
@@ -47,10 +47,15 @@ def write_statistics(decode_dir: str | Path, out_dir: str | Path, *, force: bool
     merged view's (requests, in flight, connections, key updates; analysis.latency) and its collectives'
     (and manifest.json)."""
     out_dir = claim(out_dir, decode_dir, force=force)
-    stats = compute_stats(pslite_trace(load_dataset(decode_dir)), source=str(decode_dir),
-                          job=job_statistics(decode_dir), collectives=collective_statistics_of(decode_dir))
+    stats = statistics_of(decode_dir)
     label(out_dir, "stats", decode_dir, write_stats(stats, out_dir))
     return stats
+
+
+def statistics_of(decode_dir: str | Path) -> Stats:
+    """Every statistic `dlcsniff stats` writes, of the decode output in decode_dir."""
+    return compute_stats(pslite_trace(load_dataset(decode_dir)), source=str(decode_dir),
+                         job=job_statistics(decode_dir), collectives=collective_statistics_of(decode_dir))
 
 
 def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str | Path | None = None) -> Path:

@@ -114,12 +114,12 @@ def manifest(kind: str, *, inputs: list[dict], files: dict[str, dict], command: 
              **extra) -> dict:
     """A manifest of one output directory: `kind` (decode, stats, dlc, chakra), the inputs (path, size,
     sha256), the files written (name -> {"rows": n} or {"bytes": n}), and what else the kind records."""
-    from dlcsniff import __version__
+    from importlib.metadata import version      # the installed dlcsniff's (dlcsniff.__version__ is the same)
 
     command = list(sys.argv if command is None else command)
     if command and Path(command[0]).name == "dlcsniff":
         command[0] = "dlcsniff"                  # the command as a user types it, wherever it was installed
-    return {"format": MANIFEST_FORMAT, "kind": kind, "dlcsniff": __version__, "command": command,
+    return {"format": MANIFEST_FORMAT, "kind": kind, "dlcsniff": version("dlcsniff"), "command": command,
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "inputs": inputs, "files": files, **extra}
 
