@@ -146,6 +146,6 @@ def load_job_view(decode_dir: str | Path) -> JobView:
     if losses is not None and events_path.exists() and clocks_path.exists():
         return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=read_columns(clocks_path, CLOCK_COLUMNS),
                        losses=losses)
-    return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
+    return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
                     read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
                     read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))
