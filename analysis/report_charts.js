@@ -109,7 +109,8 @@
       tools.append(hint);
       root.append(tools, this.canvas, this.tip);
       if (spec.legend) root.append(this.legend(spec.legend));
-      this.lane = spec.lane_px || LANE_PX;
+      // a timeline of a few rows gets taller rows: at least ~200 px of plot
+      this.lane = spec.lane_px || (spec.lanes ? Math.max(LANE_PX, Math.min(32, Math.floor(200 / spec.lanes.length))) : LANE_PX);
       this.x = new Scale(spec.x_log);
       this.y = new Scale(spec.y_log);
       this.hidden = new Set();
