@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64
+# chromium: the report's tests open it in a real browser (headless)
+APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 chromium
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -24,6 +25,7 @@ endef
 
 sys:
 	$(call apt_install,$(APT_PACKAGES))
+	@command -v chromium >/dev/null || { echo "chromium is missing after apt-get install chromium: the report's browser tests need it" >&2; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

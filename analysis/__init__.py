@@ -12,8 +12,8 @@ from pathlib import Path
 from dlcsniff.analysis.collective_stats import CollectiveStats, collective_statistics, collective_statistics_of
 from dlcsniff.analysis.dlc import DLC_HEADER, DlcFile, dlc_table, read_dlc, write_dlc
 from dlcsniff.analysis.latency import JobStats, job_statistics
-from dlcsniff.analysis.load import (AnalysisError, CollectiveDataset, Dataset, load_collectives, load_dataset,
-                                    load_job_view)
+from dlcsniff.analysis.load import (AnalysisError, CollectiveDataset, Dataset, decode_manifest, load_collectives,
+                                    load_dataset, load_job_view)
 from dlcsniff.decoders.timeline import JobView
 from dlcsniff.analysis.operations import OPERATIONS, Trace, build_records, pslite_trace
 from dlcsniff.analysis.outputs import claim, label
@@ -22,9 +22,9 @@ from dlcsniff.analysis.summary import Stats, compute_stats, headline, summary_js
 __all__ = [
     "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
     "JobStats", "JobView", "Stats", "Trace", "build_records", "collective_statistics", "collective_statistics_of",
-    "compute_stats", "dlc_table", "headline", "job_statistics", "load_collectives", "load_dataset",
-    "load_job_view", "pslite_trace", "read_dlc", "statistics_of", "summary_json", "trace_of", "write_dlc",
-    "write_dlc_traces", "write_html_report", "write_statistics", "write_stats",
+    "compute_stats", "decode_manifest", "dlc_table", "headline", "job_statistics", "load_collectives",
+    "load_dataset", "load_job_view", "pslite_trace", "read_dlc", "statistics_of", "summary_json", "trace_of",
+    "write_dlc", "write_dlc_traces", "write_html_report", "write_statistics", "write_stats",
 ]
 
 
@@ -63,4 +63,4 @@ def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str
     from dlcsniff.analysis.report import write_report     # matplotlib: loaded only by the command that draws
     trace = pslite_trace(load_dataset(decode_dir))
     stats = compute_stats(trace, source=str(decode_dir), collectives=collective_statistics_of(decode_dir))
-    return write_report(trace, stats, path, figures_dir)
+    return write_report(trace, stats, path, figures_dir, manifest=decode_manifest(decode_dir))

@@ -379,18 +379,26 @@ def test_what_a_capture_cannot_tell_stays_unknown():
 # -- stats and report ----------------------------------------------------------------------------------------
 
 def _pngs(page: str) -> dict[str, bytes]:
-    found = re.findall(r"<img alt='([^']+)' src='data:image/png;base64,([^']+)'>", page)
+    """figure name → the PNG the page shows for it (the figures it does not draw interactively)."""
+    found = re.findall(r"<figure id='([^']+)'><figcaption>.*?</figcaption>"
+                       r"<img alt='[^']*' src='data:image/png;base64,([^']+)'>", page)
     return {name: base64.b64decode(data) for name, data in found}
 
 
-def _report(decode_dir: Path, tmp_path: Path) -> dict[str, bytes]:
+def _report(decode_dir: Path, tmp_path: Path) -> set[str]:
+    """The report's figures: each drawn in the page (a PNG, or interactive charts) and as a PNG file."""
     result = invoke("report", decode_dir, "--out", tmp_path / "report.html", "--figures", tmp_path / "figures")
     assert result.exit_code == 0, result.output
-    embedded = _pngs((tmp_path / "report.html").read_text())
+    page = (tmp_path / "report.html").read_text()
+    figures = re.findall(r"<figure id='([^']+)'>", page)
     files = {path.stem: path.read_bytes() for path in (tmp_path / "figures").glob("*.png")}
-    assert embedded == files
+    assert set(files) == set(figures) and len(figures) == len(set(figures))
+    embedded = _pngs(page)
+    assert embedded == {name: files[name] for name in embedded}
+    interactive = set(re.findall(r"<div class='chart' id='([a-z_]+)-\d+-chart'", page))
+    assert interactive | set(embedded) == set(figures) and not interactive & set(embedded)
     assert all(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000 for png in files.values())
-    return files
+    return set(figures)
 
 
 def _stats(decode_dir: Path, out: Path) -> dict:
