@@ -23,8 +23,8 @@ __all__ = [
     "DLC_HEADER", "OPERATIONS", "AnalysisError", "CollectiveDataset", "CollectiveStats", "Dataset", "DlcFile",
     "JobStats", "JobView", "Stats", "Trace", "build_records", "collective_statistics", "collective_statistics_of",
     "compute_stats", "decode_manifest", "dlc_table", "headline", "job_statistics", "load_collectives",
-    "load_dataset", "load_job_view", "pslite_trace", "read_dlc", "statistics_of", "summary_json", "trace_of",
-    "write_dlc", "write_dlc_traces", "write_html_report", "write_statistics", "write_stats",
+    "load_dataset", "load_job_view", "no_dlc_message", "pslite_trace", "read_dlc", "statistics_of", "summary_json",
+    "trace_of", "write_dlc", "write_dlc_traces", "write_html_report", "write_statistics", "write_stats",
 ]
 
 
@@ -35,11 +35,20 @@ def trace_of(decode_dir: str | Path) -> Trace:
 def write_dlc_traces(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False
                      ) -> tuple[Trace, list[DlcFile]]:
     """`dlcsniff dlc`: one DLC trace file per node of the decoded job in decode_dir (and manifest.json)."""
+    trace = pslite_trace(load_dataset(decode_dir))
+    if trace is None:
+        raise AnalysisError(no_dlc_message(decode_dir))
     out_dir = claim(out_dir, decode_dir, force=force)
-    trace = trace_of(decode_dir)
     written = write_dlc(trace, out_dir)
     label(out_dir, "dlc", decode_dir, [file.path for file in written])
     return trace, written
+
+
+def no_dlc_message(decode_dir: str | Path) -> str:
+    """Why a job without ps-lite traffic has no DLC trace, and where its traffic is shown instead."""
+    return (f"{decode_dir}: no ps-lite message was decoded — DLC traces (SketchDLC) describe parameter-server "
+            "jobs; a collective job's operations are in `dlcsniff stats` (collective_*.parquet) and "
+            "`dlcsniff export --format chrome|chakra`")
 
 
 def write_statistics(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> Stats:

@@ -20,7 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dlcsniff.analysis import statistics_of, write_dlc_traces, write_html_report, write_statistics
+from dlcsniff.analysis import (no_dlc_message, statistics_of, write_dlc_traces, write_html_report,
+                               write_statistics)
 from dlcsniff.analysis.dlc import DlcFile, dlc_table
 from dlcsniff.analysis.load import AnalysisError, load_dataset
 from dlcsniff.analysis.operations import pslite_trace
@@ -86,8 +87,7 @@ class Decoded:
         """The DLC records of every node (the rows `dlcsniff dlc` writes, with the node they belong to)."""
         trace = pslite_trace(load_dataset(self.path))
         if trace is None:
-            raise AnalysisError(f"{self.path}: no ps-lite message was decoded — DLC traces describe parameter-"
-                                "server jobs")
+            raise AnalysisError(no_dlc_message(self.path))
         return dlc_table(trace)
 
     def write_statistics(self, out: str | Path, *, force: bool = False) -> Stats:

@@ -76,7 +76,7 @@ def test_errors_say_what_is_wrong(decoded_job, tmp_path):
     job = dlcsniff.load(decoded_job("gloo"))
     with pytest.raises(dlcsniff.AnalysisError, match="no table 'iterations' .*tables: streams"):
         job.table("iterations")
-    with pytest.raises(dlcsniff.AnalysisError, match="DLC traces describe parameter-server jobs"):
+    with pytest.raises(dlcsniff.AnalysisError, match=r"DLC traces \(SketchDLC\) describe parameter-server jobs"):
         job.dlc()
     with pytest.raises(dlcsniff.CaptureError):
         dlcsniff.decode(tmp_path / "missing.pcap", out=tmp_path / "out")

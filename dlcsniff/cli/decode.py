@@ -117,8 +117,9 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
               f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; "
               f"retransmitted {summary['retransmitted_bytes']:,} B; "
-              f"{summary['midstream_streams']} flows started before the capture; "
-              f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
+              f"{summary['midstream_streams']} flows started before the capture"
+              + (f"; ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B"
+                 if summary["zmtp_messages"] or summary["zmtp_commands"] or summary["zmtp_lost_bytes"] else ""))
     if summary["zmtp_messages"] or summary["zmtp_commands"]:
         out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
