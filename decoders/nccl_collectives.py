@@ -53,6 +53,7 @@ What the wire cannot say, and what is reported instead (also in the README):
 from __future__ import annotations
 
 import json
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -70,6 +71,7 @@ P2P_CHUNK_BYTES = 128 << 10                      # NCCL_P2P_NET_CHUNKSIZE
 P2P_LL_MAX_BYTES = 16384                         # NCCL_P2P_LL_THRESHOLD
 LL_LINE_BYTES = 16                               # union ncclLLFifoLine: 8 data bytes, 2 flags
 ELEMENT_BYTES = (1, 2, 4, 8)                     # the element sizes a slice may be counted in
+HEAD_DIGEST_BYTES = 64                           # the decoders digest a send's first 64 payload bytes
 MAX_WORLD_SIZE = 1024                            # bound on the world sizes tried from the steps alone
 PROTOCOLS = ("roce", "nccl_socket")
 
@@ -375,11 +377,17 @@ def _granted_ahead(cuts: list[tuple[list[Send], int]]) -> bool:
     return not known or any(grant < last for grant, last in known)
 
 
+def _zero_head(send: Send) -> bool:
+    return send.head == zlib.crc32(bytes(min(HEAD_DIGEST_BYTES, send.size_bytes)))
+
+
 def _heads_compared(received: list[Send], forwarded: list[Send]) -> str | None:
-    """'forwarded' when every send whose payload was captured carries the same first bytes as the one received
-    before it, 'reduced' when one differs, None when nothing can be compared."""
+    """'reduced' when a send's first bytes differ from those of the receive it follows on (forwarding never
+    changes them), 'forwarded' when all are the same, None when nothing can be compared: payload not
+    captured, or zeros (a sum of zeros is zeros)."""
     pairs = [(a.head, b.head) for a, b in zip(received, forwarded)
-             if a.head is not None and b.head is not None and a.size_bytes and b.size_bytes]
+             if a.head is not None and b.head is not None and a.size_bytes and b.size_bytes
+             and not (_zero_head(a) and _zero_head(b))]
     if not pairs:
         return None
     return "forwarded" if all(a == b for a, b in pairs) else "reduced"
@@ -446,13 +454,13 @@ def _try_all_reduce(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] |
 
 def _one_all_reduce(ring: _Ring, got_in: list[Send], got_out: list[Send], n: int) -> bool:
     """A loop of n equal chunks: one all_reduce, or two all_gather / reduce_scatter operations of one chunk
-    per rank? An all_reduce reduces at steps 1..n-1 (what it sends differs from what came in the step
-    before); two operations show, on every connection with offer times, the second's first offer written
-    after the first's last data."""
+    per rank? An all_reduce reduces at steps 1..n-1: a send that differs from what came in the step before
+    proves it (unchanged bytes prove nothing: a max, or zeros, reduce to what came in). Otherwise two
+    operations show, on every connection with offer times, the second's first offer written after the
+    first's last data."""
     half = 2 * (n - 1)
-    compared = _heads_compared(got_in[0:half:2], got_out[2:half + 2:2])
-    if compared is not None:
-        return compared == "reduced"
+    if _heads_compared(got_in[0:half:2], got_out[2:half + 2:2]) == "reduced":
+        return True
     return _granted_ahead([(got_in, half), (got_out, half)])
 
 

@@ -317,8 +317,10 @@ class _SocketTransport:
 
 
 def simulate(transport, cap: TcpCapture, n: int, operations: list[Collective], rng: random.Random, *,
-             channels: int = 1, idle_gap_us: int = 20_000, skew_us: int = 0) -> list[tuple[int, int]]:
-    """Put the operations on the wire one after the other; returns each one's first and last packet time."""
+             channels: int = 1, idle_gap_us: int = 20_000, skew_us: int = 0, zeros: bool = False
+             ) -> list[tuple[int, int]]:
+    """Put the operations on the wire one after the other; returns each one's first and last packet time.
+    `zeros`: every tensor is zeros (what is reduced looks forwarded)."""
     spans = []
     for op in operations:
         cap.now_us += idle_gap_us
@@ -331,6 +333,8 @@ def simulate(transport, cap: TcpCapture, n: int, operations: list[Collective], r
         received: dict[tuple[tuple, int], bytes] = {}
         first_frame = len(cap.frames)
         order = sorted(sends, key=lambda key: (key[2], key[0], key[1]))
+        for key in order:             # NCCL connects a channel's peers at init, channel 0 first
+            transport.connection(key)
         while any(done[key] < len(sends[key]) for key in order):
             progressed = False
             for key in order:         # the receivers' proxies offer buffers
@@ -346,7 +350,7 @@ def simulate(transport, cap: TcpCapture, n: int, operations: list[Collective], r
                 send = sends[key][k]
                 if any(wait not in received for wait in send.waits):
                     continue
-                payload = _payload(send, received, rng)
+                payload = bytes(send.size) if zeros else _payload(send, received, rng)
                 transport.send(key, payload)
                 received[(key, k)] = payload
                 done[key] += 1
@@ -371,14 +375,15 @@ def _payload(send: _Send, received: dict, rng: random.Random) -> bytes:
 
 
 def roce_job(path: Path, n: int, operations: list[Collective], *, channels: int = 1, idle_gap_us: int = 20_000,
-             skew_us: int = 0, mtu: int = 1024, snap: int | None = 256, per_rank: bool = False,
+             skew_us: int = 0, mtu: int = 1024, snap: int | None = 256, per_rank: bool = False, zeros: bool = False,
              seed: int = 13) -> GeneratedJob:
     """NCCL over RoCEv2, every rank on its own host; data packets keep `snap` payload bytes (None: whole)."""
     rng = random.Random(seed)
     cap = TcpCapture(seed=seed)
     hosts = _hosts(n)
     transport = _IbTransport(cap, path, hosts, rng, mtu, snap)
-    spans = simulate(transport, cap, n, operations, rng, channels=channels, idle_gap_us=idle_gap_us, skew_us=skew_us)
+    spans = simulate(transport, cap, n, operations, rng, channels=channels, idle_gap_us=idle_gap_us, skew_us=skew_us,
+                     zeros=zeros)
     return GeneratedJob(_write(cap, path, hosts, per_rank), hosts, operations, spans, transport.truth)
 
 
