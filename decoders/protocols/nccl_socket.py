@@ -53,6 +53,7 @@ MAX_RANK = 1 << 24
 # Before 2.16 (no handshake) a net-socket message is one proxy step of at most NCCL_BUFFSIZE: a larger size
 # in what would be a control socket's first bytes means it is not one.
 MAX_LEGACY_MESSAGE_BYTES = 1 << 28
+LEGACY_MIN_MESSAGES = 2          # whole messages a pre-2.16 control socket must show to be taken for NCCL
 SAMPLE_BYTES = 256               # payload bytes kept per message to recognise LL / LL128 lines
 HEAD_DIGEST_BYTES = 64           # first payload bytes digested per message (as decoders.protocols.roce does)
 
@@ -424,6 +425,8 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
     def _claim_handshake(self, stream_id: int, key: tuple, prefix: bytes) -> bool | None:
         magic, socket_type = HANDSHAKE.unpack_from(prefix)
         if socket_type == TYPE_NET_SOCKET:
+            if magic != NCCL_SOCKET_MAGIC:      # (an NCCL_SOCKET_MAGIC set in the environment, 2.30+, is not known)
+                return False
             if len(prefix) <= HANDSHAKE_BYTES:
                 return None
             index = prefix[HANDSHAKE_BYTES]
@@ -543,16 +546,21 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
 
     # -- results -------------------------------------------------------------------------------------
     def end_of_capture(self) -> None:
-        unproven = self._unproven_legacy()
+        unproven = self._unproven()
         self._emit_rows(self._rows(unproven))
-        self._emit(Count("nccl_unproven_legacy_streams", len(unproven)))
+        self._emit(Count("nccl_unproven_streams", len(unproven)))
 
-    def _unproven_legacy(self) -> set[int]:
-        """Directions claimed on pre-2.16 structure alone (no handshake names NCCL) that the rest of the
-        capture does not bear out: NCCL's net-socket and bootstrapSend connections carry bytes one way only
-        (the receiver never writes on them), and their control sizes parse to the end. A request/response
-        exchange (a verbs program's QP exchange, a benchmark's set-up) fails this; such directions stay
-        plain TCP."""
+    def _unproven(self) -> set[int]:
+        """Directions claimed on evidence the rest of the capture does not bear out; they stay plain TCP.
+
+        NCCL's net-socket and bootstrap connections carry bytes one way only (the receiver never writes on
+        them): a request/response exchange (a verbs program's QP exchange, a benchmark's set-up, a Gloo pair)
+        is not one. A bootstrap handshake's magic is the communicator's, random: it is taken for NCCL when
+        it opens two connections or more (the root's, the ring's, point-to-point ones), or is
+        NCCL_COMM_ID_MAGIC; proxy and RAS connections need such a magic. Before 2.16 nothing names NCCL: a
+        net-socket control socket must carry whole messages, each its size then its bytes (at least
+        LEGACY_MIN_MESSAGES of them before a last one the capture may have cut), a bootstrapSend connection
+        one whole message."""
         spoke = self._spoke | {st.key for st in self._streams.values() if st.kind == _LABEL and st.payload_bytes}
 
         def one_way(stream_ids) -> bool:
@@ -561,11 +569,24 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         unproven: set[int] = set()
         for conn in self._all_connections:
             model = conn.best()
-            if not conn.handshake and not (one_way(conn.members.values()) and model is not None
-                                           and model.broken is None):
+            whole = [m for m in model.messages if not m.pending_bytes and not m.missing_bytes] if model else []
+            if not one_way(conn.members.values()) or not conn.handshake and not (
+                    model is not None and model.broken is None and len(whole) >= LEGACY_MIN_MESSAGES):
                 unproven.update(conn.members.values())
+        opened: dict[int, set] = collections.defaultdict(set)          # magic -> connections it opened
         for stream_id, st in self._streams.items():
-            if st.kind == _BOOT and st.magic is None and not (one_way([stream_id]) and st.bootstrap.broken is None):
+            if st.kind == _BOOT and st.magic is not None and one_way([stream_id]) and st.bootstrap.broken is None:
+                opened[st.magic].add(frozenset(((st.key[0], st.key[1]), (st.key[2], st.key[3]))))
+        magics = {NCCL_COMM_ID_MAGIC} | {magic for magic, connections in opened.items() if len(connections) >= 2}
+        for stream_id, st in self._streams.items():
+            if st.kind == _BOOT and st.magic is None:
+                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.bootstrap.records and all(
+                    not r.pending_bytes and not r.missing_bytes for r in st.bootstrap.records)
+            elif st.kind == _BOOT:
+                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.magic in magics
+            else:
+                proven = st.kind != _LABEL or st.magic is None or st.magic in magics
+            if not proven:
                 unproven.add(stream_id)
         keys = {self._streams[sid].key for sid in unproven}
         unproven.update(sid for sid, st in self._streams.items()

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
 from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
-from dlcsniff.decoders.protocols.nccl_socket import SAMPLE_BYTES, line_protocol
+from dlcsniff.decoders.protocols.nccl_socket import HANDSHAKE, NCCL_SOCKET_MAGIC, SAMPLE_BYTES, line_protocol
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915
@@ -77,7 +77,6 @@ BTH_BYTES = 12
 _RETH = struct.Struct("!QII")
 _U32_BE = struct.Struct("!I")
 _ICRC = struct.Struct("<I")
-_HANDSHAKE = struct.Struct("<Qi")
 _ICRC_SEED = zlib.crc32(b"\xff" * 8)     # the masked LRH: 8 bytes of ones
 
 # AETH syndrome (bits 7..5)
@@ -623,9 +622,9 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
             setup.acceptor_stream = stream_id
             self._setups[stream_id] = setup
             return True
-        if len(prefix) < _HANDSHAKE.size:
+        if len(prefix) < HANDSHAKE.size:
             return None
-        if _HANDSHAKE.unpack_from(prefix)[1] != NCCL_SOCKET_TYPE_NET_IB:
+        if HANDSHAKE.unpack_from(prefix) != (NCCL_SOCKET_MAGIC, NCCL_SOCKET_TYPE_NET_IB):     # net_ib.cc
             return False
         setup = _SetupConnection(stream_id)
         self._setups[stream_id] = setup
