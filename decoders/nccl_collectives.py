@@ -37,18 +37,21 @@ pcaps/realcaps/softroce-tutorial):
 What the wire cannot say, and what is reported instead (also in the README):
 - all_gather and reduce_scatter send the same sizes; broadcast and reduce too. Payload tells them apart: a
   rank forwards what it received unchanged in all_gather and broadcast, reduces it in reduce_scatter and
-  reduce (the first bytes of each send are digested by the decoders, `head_crc32`). Without payload, or
-  when every compared send is equal in a reduction (a reduction of zeros looks forwarded), the kind is
-  `all_gather_or_reduce_scatter` / `broadcast_or_reduce`; the ranks at both ends of a broadcast or reduce
-  have nothing to compare and take the kind a rank of the same job resolved for the same operation.
-- An all_reduce whose loop carries equal chunks sends what two all_gathers of a third of the size would; it
-  is taken for an all_reduce unless the payload shows forwarding or the CTS offers show two operations.
-- The socket transport has no CTS: no ranks from tags (the ring chunk schedule or the TCPStore give them),
-  no offered size, no offer times: consecutive operations whose loops are all full are one.
-- LL / LL128 collectives (NCCL's choice for small ones when NCCL_PROTO is not Simple), several rings or
-  trees per channel set that differ between channels, CollNet / NVLS, and a channel whose connections carry
-  both ring and tree operations are not parsed: their sends come out as one `unknown` row, never spread
-  over invented operations. LL send/recv sizes are known to 8 bytes (a line's last data word may be fill).
+  reduce (the first bytes of each send are digested by the decoders, `head_crc32`). A changed chunk proves a
+  reduction; unchanged ones are read as forwarding (a max that keeps what came in would read so too).
+  Without payload, with zeros (a sum of zeros is zeros) or with two ranks (nobody forwards), the kind is
+  `all_gather_or_reduce_scatter` / `broadcast_or_reduce`, unless another rank of the job resolved the same
+  operation; the ranks at both ends of a broadcast or reduce always need such a rank.
+- An all_reduce whose loop carries n equal chunks sends what two all_gathers of one chunk per rank would:
+  it is taken for one all_reduce when a chunk changed (a reduction) or the CTS offers show one operation.
+- The socket transport has no CTS: no ranks from tags (the TCPStore or the ring chunk schedule give them),
+  no offered size (NCCL's default is assumed), no offer times: an all_reduce whose loops are all full runs
+  on into the next operation; send/recv connections are not told from another channel.
+- LL / LL128 collectives (NCCL's choice for small ones when NCCL_PROTO is not Simple), a NCCL_BUFFSIZE other
+  than the default, rings or trees that differ between channels, CollNet / NVLS, a channel whose
+  connections carry both ring and tree operations, a capture starting inside an operation: from there on
+  a host's sends come out as one `unknown` row, never spread over invented operations. LL send/recv sizes
+  are known to 8 bytes (a line's last data word may be fill).
 """
 from __future__ import annotations
 
@@ -69,7 +72,6 @@ RING_GRANT_BYTES = STEP_BYTES * RING_SLICE_STEPS  # a ring all_reduce / all_gath
 PIPELINE_GRANT_BYTES = STEP_BYTES                # broadcast, reduce, tree: sliceSteps 1
 P2P_CHUNK_BYTES = 128 << 10                      # NCCL_P2P_NET_CHUNKSIZE
 P2P_LL_MAX_BYTES = 16384                         # NCCL_P2P_LL_THRESHOLD
-LL_LINE_BYTES = 16                               # union ncclLLFifoLine: 8 data bytes, 2 flags
 ELEMENT_BYTES = (1, 2, 4, 8)                     # the element sizes a slice may be counted in
 HEAD_DIGEST_BYTES = 64                           # the decoders digest a send's first 64 payload bytes
 MAX_WORLD_SIZE = 1024                            # bound on the world sizes tried from the steps alone
@@ -116,9 +118,11 @@ class Connection:
 
     @property
     def p2p(self) -> bool:
-        """send/recv connections (connIndex 1) offer at most a p2p chunk; collectives a step or two."""
+        """send/recv connections (connIndex 1) offer at most a p2p chunk, their LL messages at most 32 KiB of
+        lines; collectives a Simple step or two (an LL collective's step, 64 KiB of lines, is no p2p chunk)."""
         grants = [s.grant_bytes for s in self.sends if s.grant_bytes is not None]
-        return bool(grants) and max(grants) <= P2P_CHUNK_BYTES
+        return bool(grants) and max(grants) <= P2P_CHUNK_BYTES and not any(
+            s.ll and s.grant_bytes is not None and s.grant_bytes > 2 * P2P_LL_MAX_BYTES for s in self.sends)
 
 
 @dataclass(slots=True)
@@ -273,6 +277,27 @@ def _ring_cycle(nxt: dict[str, set[str]]) -> list[str] | None:
     return ring if len(ring) == len(nxt) else None
 
 
+@dataclass(slots=True)
+class StoreRanks:
+    """What torchelastic's rendezvous in the TCPStore says (decoders.protocols.tcpstore.torchelastic_fields):
+    per host (its agent's address) its rank, when it runs one process, and the world size."""
+    rank_of: dict[str, int] = field(default_factory=dict)
+    world_size: int | None = None
+
+
+def store_ranks(messages: pd.DataFrame, streams: pd.DataFrame) -> StoreRanks:
+    store = messages[messages["protocol"] == "tcpstore"]
+    src = streams.drop_duplicates("flow_id").set_index("flow_id")["src_ip"]
+    host = store["flow_id"].map(lambda flow: src.get(flow))
+    processes = dict(zip(host[store["local_world_size"].notna()],
+                         store["local_world_size"][store["local_world_size"].notna()]))
+    assigned = store["world_size"].notna()
+    rank_of = {h: int(rank) for h, rank in zip(host[assigned], store["src_rank"][assigned])
+               if h is not None and processes.get(h, 1) == 1}
+    sizes = {int(w) for w in store["world_size"][assigned]}
+    return StoreRanks(rank_of, sizes.pop() if len(sizes) == 1 else None)
+
+
 def job_world_size(wire: Wire, store: StoreRanks) -> tuple[int | None, str, bool]:
     """World size from everything the captures show together: (size, where from, whether it is exact).
     A ring closes over all ranks, so its length is the world size when every capture is given; otherwise
@@ -292,29 +317,6 @@ def job_world_size(wire: Wire, store: StoreRanks) -> tuple[int | None, str, bool
     if hosts and ranks == list(range(len(hosts))):
         return bound, f"{len(hosts)} hosts on NCCL connections, CTS tags name ranks 0..{len(hosts) - 1}", True
     return (bound or None), f"lower bound: {len(hosts)} hosts, CTS tags name ranks {ranks}", False
-
-
-@dataclass(slots=True)
-class StoreRanks:
-    """What torchelastic's rendezvous in the TCPStore says: per host (the agent's address) its rank when it
-    runs one process, and the world size (decoders.protocols.tcpstore.torchelastic_assignment)."""
-    rank_of: dict[str, int] = field(default_factory=dict)
-    world_size: int | None = None
-
-
-def store_ranks(messages: pd.DataFrame, streams: pd.DataFrame) -> StoreRanks:
-    store = messages[(messages["protocol"] == "tcpstore") & messages["world_size"].notna()] \
-        if "world_size" in messages.columns else messages.iloc[:0]
-    if store.empty:
-        return StoreRanks()
-    src = streams.drop_duplicates("flow_id").set_index("flow_id")["src_ip"]
-    rank_of = {}
-    for flow, rank, local in zip(store["flow_id"], store["src_rank"], store["local_world_size"]
-                                 if "local_world_size" in store.columns else [None] * len(store)):
-        if _present(rank) and flow in src.index and (not _present(local) or int(local) == 1):
-            rank_of[src[flow]] = int(rank)
-    sizes = {int(w) for w in store["world_size"]}
-    return StoreRanks(rank_of, sizes.pop() if len(sizes) == 1 else None)
 
 
 # -- the shapes of a step --------------------------------------------------------------------------------
@@ -403,7 +405,7 @@ class _Ring:
     in_name: str | None
     out_name: str | None
     n: int
-    ring_index: int | None            # the rank's position in the ring, when known (its CTS tag)
+    ring_index: int | None            # its place on the ring counted from rank 0, when the job shows it
     prev_index: int | None
 
     def sends(self, i0: int, i1: int, j0: int, j1: int) -> dict[str, list[Send]]:
@@ -542,13 +544,13 @@ def _try_pipeline(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | N
 
 
 def _single_grant_sized(sends: list[Send]) -> bool:
-    """broadcast, reduce and tree all_reduce offer one step per CTS (sliceSteps 1), never two."""
-    return all(s.grant_bytes != RING_GRANT_BYTES for s in sends)
+    """broadcast, reduce and tree all_reduce offer one Simple step per CTS (sliceSteps 1)."""
+    return all(s.grant_bytes in (None, PIPELINE_GRANT_BYTES) for s in sends)
 
 
 def _ring_step_grants(sends: list[Send]) -> bool:
-    """ring all_reduce, all_gather and reduce_scatter offer two steps per CTS (sliceSteps 2), never one."""
-    return all(s.grant_bytes != PIPELINE_GRANT_BYTES for s in sends)
+    """ring all_reduce, all_gather and reduce_scatter offer two Simple steps per CTS (sliceSteps 2)."""
+    return all(s.grant_bytes in (None, RING_GRANT_BYTES) for s in sends)
 
 
 MAX_PARSE_STATES = 20_000      # ring parse positions explored before settling for the first fit at each
@@ -658,14 +660,35 @@ def _channels(conns: list[Connection], host: str) -> list[list[Connection]]:
     return [channels[k] for k in sorted(channels)]
 
 
+@dataclass(slots=True)
+class _Job:
+    """What the job's captures say together."""
+    rank_of: dict[str, int]              # host -> rank
+    ring_index_of: dict[str, int]        # host -> its place on the ring, counted from rank 0 (all_reduce.h ringIx)
+    world_size: int | None
+    world_source: str
+    world_exact: bool
+
+
+def _ring_indexes(wire: Wire, rank_of: dict[str, int]) -> dict[str, int]:
+    """Each host's place on the job's ring, counted from rank 0's host along the ring (the rank itself only
+    when NCCL laid the ring out in rank order), when the captures show the whole ring and rank 0."""
+    nxt: dict[str, set[str]] = defaultdict(set)
+    for c in (c for cs in wire.connections.values() for c in cs if not c.p2p):
+        nxt[c.sender].add(c.receiver)
+    ring = _ring_cycle(dict(nxt))
+    first = next((i for i, host in enumerate(ring or ()) if rank_of.get(host) == 0), None)
+    return {} if first is None else {host: (i - first) % len(ring) for i, host in enumerate(ring)}
+
+
 def _label(rank_of: dict[str, int], host: str) -> str:
     return str(rank_of[host]) if host in rank_of else host
 
 
-def _parse_channel(conns: list[Connection], host: str, rank_of: dict[str, int], n: int
-                   ) -> tuple[list[Operation], dict[str, int], dict]:
+def _parse_channel(conns: list[Connection], host: str, job: _Job, n: int) -> tuple[list[Operation], dict[str, int], dict]:
     """Operations of one channel at `host`, how many sends of each connection they explain, and the
     channel's shape."""
+    rank_of = job.rank_of
     out = {c.receiver: c for c in conns if c.sender == host}
     inc = {c.sender: c for c in conns if c.receiver == host}
     both = sorted(set(out) & set(inc))
@@ -676,7 +699,7 @@ def _parse_channel(conns: list[Connection], host: str, rank_of: dict[str, int], 
         inbound, outbound = inc.get(prev), out.get(nxt)
         ring = _Ring(inbound.sends if inbound else [], outbound.sends if outbound else [],
                      inbound.name if inbound else None, outbound.name if outbound else None, n,
-                     rank_of.get(host), rank_of.get(prev) if prev else None)
+                     job.ring_index_of.get(host), job.ring_index_of.get(prev))
         ops, i, j = parse_ring(ring)
         used = {name: k for name, k in ((ring.in_name, i), (ring.out_name, j)) if name is not None}
         shape = {"ring": f"{_label(rank_of, prev) if prev else '?'} -> {_label(rank_of, host)} -> "
@@ -703,27 +726,26 @@ def _parse_channel(conns: list[Connection], host: str, rank_of: dict[str, int], 
     return max(parses, key=lambda p: (sum(p[1].values()), -len(p[0])))
 
 
-def world_size_from_steps(conns: list[Connection], host: str, rank_of: dict[str, int], lower_bound: int) -> list[int]:
+def world_size_from_steps(conns: list[Connection], host: str, job: _Job, lower_bound: int) -> list[int]:
     """The world sizes under which one capture's ring channels parse completely (no other capture needed)."""
     fits = []
     channels = _channels(conns, host)
     total = sum(len(c.sends) for ch in channels for c in ch)
     for n in range(max(lower_bound, 2), min(MAX_WORLD_SIZE, total // 2 + 1) + 1):
-        if all(sum(_parse_channel(ch, host, rank_of, n)[1].values()) == sum(len(c.sends) for c in ch)
+        if all(sum(_parse_channel(ch, host, job, n)[1].values()) == sum(len(c.sends) for c in ch)
                for ch in channels):
             fits.append(n)
     return fits
 
 
-def infer_capture(capture: str, conns: list[Connection], host: str, rank_of: dict[str, int],
-                  world: tuple[int | None, str, bool], protocol: str) -> list[dict]:
+def infer_capture(capture: str, conns: list[Connection], host: str, job: _Job, protocol: str) -> list[dict]:
     """One row per operation at `host` in this capture (collectives merged over channels, then send/recv)."""
-    n, world_source, exact = world
+    rank_of, n, world_source = job.rank_of, job.world_size, job.world_source
     neighbours = {h for c in conns for h in (c.sender, c.receiver) if host in (c.sender, c.receiver)}
-    if not exact:
+    if not job.world_exact:
         named = [rank_of[h] for h in neighbours if h in rank_of]
         low = max(len(neighbours), max(named, default=-1) + 1, n or 0)
-        fits = world_size_from_steps(conns, host, rank_of, low)
+        fits = world_size_from_steps(conns, host, job, low)
         if len(fits) == 1:
             n, world_source = fits[0], f"the ring steps fit only n = {fits[0]} (at least {low})"
         else:
@@ -733,7 +755,7 @@ def infer_capture(capture: str, conns: list[Connection], host: str, rank_of: dic
     channel_ops: list[tuple[int, Operation, dict]] = []
     leftover: dict[str, int] = {}
     for channel, conns_of_channel in enumerate(_channels(conns, host)):
-        ops, used, shape = _parse_channel(conns_of_channel, host, rank_of, n or 2)
+        ops, used, shape = _parse_channel(conns_of_channel, host, job, n or 2)
         channel_ops += [(channel, op, shape) for op in ops]
         leftover.update({c.name: len(c.sends) - used.get(c.name, 0) for c in conns_of_channel
                          if len(c.sends) > used.get(c.name, 0)})
@@ -742,7 +764,7 @@ def infer_capture(capture: str, conns: list[Connection], host: str, rank_of: dic
         indexes = {tuple(check["ring_indexes_fitting"]) for _, op, _ in channel_ops
                    for check in op.evidence.get("loop_checks", ()) if check["ring_indexes_fitting"] != "any"}
         fitting = set.intersection(*(set(t) for t in indexes)) if indexes else set()
-        if len(fitting) == 1:
+        if len(fitting) == 1:       # (the rank when the ring runs in rank order, as with one rank per node)
             rank, rank_source = fitting.pop(), "ring index from the all_reduce chunk schedule of its sends"
     for seq, group in enumerate(_merge_channels(channel_ops)):
         rows.append(_collective_row(capture, protocol, seq, group, host, rank, rank_source, rank_of, n,
@@ -868,7 +890,7 @@ def infer_collectives(messages: pd.DataFrame, streams: pd.DataFrame) -> list[dic
         unranked = sorted(hosts - set(rank_of))
         if len(missing) == 1 and len(unranked) == 1:       # the one rank no one named is the one host left
             rank_of[unranked[0]] = missing[0]
-        wire.rank_of = rank_of
+        job = _Job(rank_of, _ring_indexes(wire, rank_of), *world)
         job_rows = []
         for capture, conns in wire.connections.items():
             hosts_here = capture_hosts(conns, job=wire.connections, world_size=world[0], other_flows=flows[capture])
@@ -877,7 +899,7 @@ def infer_collectives(messages: pd.DataFrame, streams: pd.DataFrame) -> list[dic
                     "reason": "no host whose operations this capture shows whole: two hosts touch every NCCL "
                               "connection; give the job's other captures, or the capture's TCP streams"}))
             for host in hosts_here:
-                job_rows += infer_capture(capture, conns, host, rank_of, world, protocol)
+                job_rows += infer_capture(capture, conns, host, job, protocol)
         _resolve_across_ranks(job_rows)
         rows += job_rows
     return rows
