@@ -61,6 +61,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dlcsniff.decoders.protocols.nccl_socket import HEAD_DIGEST_BYTES
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -73,7 +75,6 @@ PIPELINE_GRANT_BYTES = STEP_BYTES                # broadcast, reduce, tree: slic
 P2P_CHUNK_BYTES = 128 << 10                      # NCCL_P2P_NET_CHUNKSIZE
 P2P_LL_MAX_BYTES = 16384                         # NCCL_P2P_LL_THRESHOLD
 ELEMENT_BYTES = (1, 2, 4, 8)                     # the element sizes a slice may be counted in
-HEAD_DIGEST_BYTES = 64                           # the decoders digest a send's first 64 payload bytes
 MAX_WORLD_SIZE = 1024                            # bound on the world sizes tried from the steps alone
 PROTOCOLS = ("roce", "nccl_socket")
 
@@ -417,44 +418,58 @@ class _Ring:
         return out
 
 
-def _try_all_reduce(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | None:
-    """Ring all_reduce loops from (i, j): both connections advance 4(n-1) sends per loop. A loop is taken when
-    the chunk received at step s is the size sent at step s+1 and the bytes per step fit the chunk schedule
-    of the sending ring index; full loops whose next offer came ahead continue the operation."""
-    n, per_loop = ring.n, 4 * (ring.n - 1)
-    ins, outs = ring.ins, ring.outs
-    start_i, start_j = i, j
-    loops, tensor, checks = 0, 0, []
-    while i + per_loop <= len(ins) and j + per_loop <= len(outs):
-        got_in, got_out = ins[i:i + per_loop], outs[j:j + per_loop]
+def _ring_loops(ring: _Ring, i: int, j: int, per_loop: int, take) -> tuple[list, int, int]:
+    """Loops of `per_loop` sends on both connections from (i, j), each cut into NCCL steps of two slices and
+    offered as ring steps are, for as long as `take(got_in, got_out, steps_in, steps_out)` makes something of
+    them (None ends the operation before the loop); a loop not full, or whose next offer came only after it,
+    is the operation's last. Returns what `take` made of each loop and where the loops end."""
+    taken = []
+    while i + per_loop <= len(ring.ins) and j + per_loop <= len(ring.outs):
+        got_in, got_out = ring.ins[i:i + per_loop], ring.outs[j:j + per_loop]
         steps_in, steps_out = _steps(got_in), _steps(got_out)
         if steps_in is None or steps_out is None or not _ring_step_grants(got_in + got_out):
             break
+        loop = take(got_in, got_out, steps_in, steps_out)
+        if loop is None:
+            break
+        taken.append(loop)
+        i, j = i + per_loop, j + per_loop
+        if not all(_full(s, RING_GRANT_BYTES) for s in got_out + got_in) \
+                or not _granted_ahead([(ring.ins, i), (ring.outs, j)]):
+            break
+    return taken, i, j
+
+
+def _try_all_reduce(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | None:
+    """Ring all_reduce loops from (i, j): both connections advance 4(n-1) sends per loop. A loop is taken when
+    the chunk received at step s is the size sent at step s+1 and the bytes per step fit the chunk schedule
+    of the sending ring index."""
+    n, per_loop = ring.n, 4 * (ring.n - 1)
+
+    def take(got_in, got_out, steps_in, steps_out) -> tuple[int, dict] | None:
         step_in, step_out = [sum(s) for s in steps_in], [sum(s) for s in steps_out]
         if any(step_in[s] != step_out[s + 1] for s in range(len(step_out) - 1)):
-            break
+            return None
         out_fit = [r for r in range(n) if _chunk_sizes(step_out, r, n) is not None]
         in_fit = [r for r in range(n) if _chunk_sizes(step_in, r, n) is not None]
         if (ring.ring_index not in out_fit if ring.ring_index is not None else not out_fit) or \
                 (ring.prev_index not in in_fit if ring.prev_index is not None else not in_fit):
-            break
-        if len(set(step_out)) == 1 and step_out[0] and not _one_all_reduce(ring, got_in, got_out, n):
-            break                     # equal chunks: two all_gather-like operations fit better
+            return None
+        if len(set(step_out)) == 1 and step_out[0] and not _one_all_reduce(got_in, got_out, n):
+            return None               # equal chunks: two all_gather-like operations fit better
         sizes = _chunk_sizes(step_out, ring.ring_index if ring.ring_index is not None else out_fit[0], n)
-        tensor += sum(sizes)
-        loops += 1
-        checks.append({"step_bytes_out": step_out, "step_bytes_in": step_in,
-                       "ring_indexes_fitting": out_fit if len(out_fit) < n else "any"})
-        i, j = i + per_loop, j + per_loop
-        if not all(_full(s, RING_GRANT_BYTES) for s in got_out + got_in) or not _granted_ahead([(ins, i), (outs, j)]):
-            break
+        return sum(sizes), {"step_bytes_out": step_out, "step_bytes_in": step_in,
+                            "ring_indexes_fitting": out_fit if len(out_fit) < n else "any"}
+
+    loops, end_i, end_j = _ring_loops(ring, i, j, per_loop, take)
     if not loops:
         return None
-    return (Operation("all_reduce", "ring", tensor, ring.sends(start_i, i, start_j, j),
-                      {"loops": loops, "sends_per_loop": per_loop, "loop_checks": checks}), i, j)
+    return (Operation("all_reduce", "ring", sum(size for size, _ in loops), ring.sends(i, end_i, j, end_j),
+                      {"loops": len(loops), "sends_per_loop": per_loop, "loop_checks": [c for _, c in loops]}),
+            end_i, end_j)
 
 
-def _one_all_reduce(ring: _Ring, got_in: list[Send], got_out: list[Send], n: int) -> bool:
+def _one_all_reduce(got_in: list[Send], got_out: list[Send], n: int) -> bool:
     """A loop of n equal chunks: one all_reduce, or two all_gather / reduce_scatter operations of one chunk
     per rank? An all_reduce reduces at steps 1..n-1: a send that differs from what came in the step before
     proves it (unchanged bytes prove nothing: a max, or zeros, reduce to what came in). Otherwise two
@@ -468,33 +483,20 @@ def _one_all_reduce(ring: _Ring, got_in: list[Send], got_out: list[Send], n: int
 
 def _try_gather_like(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | None:
     """Ring all_gather / reduce_scatter loops from (i, j): n-1 steps of two slices per loop on both
-    connections, every step of a loop the same size; full loops whose next offer came ahead continue."""
+    connections, every step of a loop the same size."""
     n, per_loop = ring.n, 2 * (ring.n - 1)
-    ins, outs = ring.ins, ring.outs
-    start_i, start_j = i, j
-    loops, per_rank, loop_bytes = 0, 0, []
-    while i + per_loop <= len(ins) and j + per_loop <= len(outs):
-        got_in, got_out = ins[i:i + per_loop], outs[j:j + per_loop]
-        steps_in, steps_out = _steps(got_in), _steps(got_out)
-        if steps_in is None or steps_out is None or len(set(steps_in + steps_out)) != 1 \
-                or not _ring_step_grants(got_in + got_out):
-            break
-        loops += 1
-        per_rank += sum(steps_out[0])
-        loop_bytes.append(sum(steps_out[0]))
-        i, j = i + per_loop, j + per_loop
-        if not all(_full(s, RING_GRANT_BYTES) for s in got_out + got_in) or not _granted_ahead([(ins, i), (outs, j)]):
-            break
+    loops, end_i, end_j = _ring_loops(ring, i, j, per_loop, lambda got_in, got_out, steps_in, steps_out:
+                                      sum(steps_out[0]) if len(set(steps_in + steps_out)) == 1 else None)
     if not loops:
         return None
     # out-step s (s >= 1) carries what in-step s-1 brought: unchanged in all_gather, reduced in reduce_scatter
-    heads_in = [s for k in range(start_i, i, per_loop) for s in ins[k:k + per_loop - 2:2]]
-    heads_out = [s for k in range(start_j, j, per_loop) for s in outs[k + 2:k + per_loop:2]]
+    heads_in = [s for k in range(i, end_i, per_loop) for s in ring.ins[k:k + per_loop - 2:2]]
+    heads_out = [s for k in range(j, end_j, per_loop) for s in ring.outs[k + 2:k + per_loop:2]]
     compared = _heads_compared(heads_in, heads_out)
     kind = {"forwarded": "all_gather", "reduced": "reduce_scatter"}.get(compared, GATHER_LIKE)
-    return (Operation(kind, "ring", per_rank * n, ring.sends(start_i, i, start_j, j),
-                      {"loops": loops, "sends_per_loop": per_loop, "bytes_per_rank_per_loop": loop_bytes,
-                       "payload": compared or "not captured"}), i, j)
+    return (Operation(kind, "ring", sum(loops) * n, ring.sends(i, end_i, j, end_j),
+                      {"loops": len(loops), "sends_per_loop": per_loop, "bytes_per_rank_per_loop": loops,
+                       "payload": compared or "not captured"}), end_i, end_j)
 
 
 def _try_pipeline(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | None:

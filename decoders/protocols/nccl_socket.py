@@ -55,7 +55,7 @@ MAX_RANK = 1 << 24
 MAX_LEGACY_MESSAGE_BYTES = 1 << 28
 LEGACY_MIN_MESSAGES = 2          # whole messages a pre-2.16 control socket must show to be taken for NCCL
 SAMPLE_BYTES = 256               # payload bytes kept per message to recognise LL / LL128 lines
-HEAD_DIGEST_BYTES = 64           # first payload bytes digested per message (as decoders.protocols.roce does)
+HEAD_DIGEST_BYTES = 64           # first payload bytes digested per message (also RoCE's, decoders.protocols.roce)
 
 HANDSHAKE = struct.Struct("<Qi")   # u64 magic, i32 ncclSocketType
 HANDSHAKE_BYTES = HANDSHAKE.size

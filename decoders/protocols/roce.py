@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
 from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
-from dlcsniff.decoders.protocols.nccl_socket import HANDSHAKE, NCCL_SOCKET_MAGIC, SAMPLE_BYTES, line_protocol
+from dlcsniff.decoders.protocols.nccl_socket import (HANDSHAKE, HEAD_DIGEST_BYTES, NCCL_SOCKET_MAGIC, SAMPLE_BYTES,
+                                                      line_protocol)
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915
@@ -62,7 +63,6 @@ KEPT_PAYLOAD_BYTES = 512         # single-packet WRITE payloads up to this size 
 SETUP_KEPT_BYTES = 64 << 10      # bytes kept per direction of an NCCL IB set-up connection
 MAX_TRACKED_READS = 256          # READ requests per stream whose (possibly repeated) responses are matched
 ATOMIC_OPERAND_BYTES = 8         # an atomic reads and writes one u64 at its VA
-HEAD_DIGEST_BYTES = 64           # a message's first payload bytes, digested (NCCL: forwarded or reduced?)
 
 _ETHERTYPE_IPV4 = 0x0800
 _ETHERTYPE_IPV6 = 0x86DD
