@@ -42,8 +42,9 @@ What the wire cannot say, and what is reported instead (also in the README):
   Without payload, with zeros (a sum of zeros is zeros) or with two ranks (nobody forwards), the kind is
   `all_gather_or_reduce_scatter` / `broadcast_or_reduce`, unless another rank of the job resolved the same
   operation; the ranks at both ends of a broadcast or reduce always need such a rank.
-- An all_reduce whose loop carries n equal chunks sends what two all_gathers of one chunk per rank would:
-  it is taken for one all_reduce when a chunk changed (a reduction) or the CTS offers show one operation.
+- An all_reduce whose loop carries n equal chunks sends what two operations of one chunk per rank would
+  (a reduce_scatter then an all_gather, two all_gathers): the CTS offers tell one operation from two;
+  without them (sockets) it is one all_reduce unless its first steps forwarded what they received.
 - The socket transport has no CTS: no ranks from tags (the TCPStore or the ring chunk schedule give them),
   no offered size (NCCL's default is assumed), no offer times: an all_reduce whose loops are all full runs
   on into the next operation; send/recv connections are not told from another channel.
@@ -470,15 +471,15 @@ def _try_all_reduce(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] |
 
 
 def _one_all_reduce(got_in: list[Send], got_out: list[Send], n: int) -> bool:
-    """A loop of n equal chunks: one all_reduce, or two all_gather / reduce_scatter operations of one chunk
-    per rank? An all_reduce reduces at steps 1..n-1: a send that differs from what came in the step before
-    proves it (unchanged bytes prove nothing: a max, or zeros, reduce to what came in). Otherwise two
-    operations show, on every connection with offer times, the second's first offer written after the
-    first's last data."""
+    """A loop of n equal chunks: one all_reduce, or two operations of one chunk per rank (all_gather /
+    reduce_scatter pairs send the same)? Two operations show, on every connection with offer times, the
+    second's first offer written after the first's last data. Without offer times (sockets) the payload
+    decides what it can: forwarded at steps 1..n-2 is an all_gather's first half, anything else is taken for
+    the all_reduce."""
     half = 2 * (n - 1)
-    if _heads_compared(got_in[0:half:2], got_out[2:half + 2:2]) == "reduced":
-        return True
-    return _granted_ahead([(got_in, half), (got_out, half)])
+    if got_in[half].grant_ts_ns is not None or got_out[half].grant_ts_ns is not None:
+        return _granted_ahead([(got_in, half), (got_out, half)])
+    return _heads_compared(got_in[0:half - 2:2], got_out[2:half:2]) != "forwarded"
 
 
 def _try_gather_like(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | None:

@@ -161,6 +161,30 @@ def test_roce_send_recv(tmp_path):
     assert set(found[found["algorithm"] != "p2p"]["kind"]) == {"all_reduce"}
 
 
+def test_roce_with_ib_set_up_connections(tmp_path):
+    """Each connection's IB set-up TCP connection in the capture (magic + type 4, then both sides' metadata:
+    QP numbers, GIDs, the CTS FIFO): it ties each data QP to the QP its CTS come on, two channels apart."""
+    n = 4
+    job = roce_job(tmp_path / "setup.pcap", n, _ring_ops(n, scale=4), channels=2, mtu=4096, set_up=True,
+                   per_rank=True)
+    tables = decode_paths(job.paths, workers=0).tables
+    streams = tables["streams"].to_pandas()
+    assert (streams["protocol"] == "nccl_ib_setup").sum() == 2 * 2 * n * 2      # 2 ends' captures, 2 channels
+    roce = streams[streams["protocol"] == "roce"]
+    assert roce["nccl_setup_flow_id"].notna().all()
+    setup_of = dict(zip(roce["flow_id"], roce["nccl_setup_flow_id"]))
+    by_qp = {(r.capture, r.src_ip, r.dst_ip, r.dest_qp): r.flow_id for r in roce.itertuples()}
+    found = tables["collectives"].to_pandas()
+    _check(job, found[found["protocol"] == "roce"])
+    for row in found.itertuples():
+        for connection in json.loads(row.evidence)["connections"]:      # "<sender>-><receiver> data qp D cts qp C"
+            ends, qps = connection["connection"].split(" data qp ")
+            sender, receiver = ends.split("->")
+            data_qp, cts_qp = map(int, qps.split(" cts qp "))
+            assert setup_of[by_qp[(row.capture, sender, receiver, data_qp)]] == \
+                setup_of[by_qp[(row.capture, receiver, sender, cts_qp)]]
+
+
 def test_roce_two_channels(tmp_path):
     """Two channels (each its own QP pair to the same peer): one collective runs on both, each its share;
     the rows merge them; a small one runs on channel 0 only."""

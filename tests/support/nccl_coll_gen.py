@@ -267,10 +267,11 @@ def _hosts(n: int) -> list[str]:
 
 
 class _IbTransport:
-    def __init__(self, cap: TcpCapture, path: Path, hosts: list[str], rng: random.Random, mtu: int, snap: int | None):
+    def __init__(self, cap: TcpCapture, path: Path, hosts: list[str], rng: random.Random, mtu: int, snap: int | None,
+                 set_up: bool):
         self.truth = RoceCapture(path)
         self.wire = RoceWire(cap, self.truth, "ipv4", snap_payload=snap)
-        self.hosts, self.rng, self.mtu = hosts, rng, mtu
+        self.hosts, self.rng, self.mtu, self.set_up = hosts, rng, mtu, set_up
         self.conns: dict[tuple, NcclIbConnection] = {}
         self.next_qp: dict[int, int] = defaultdict(lambda: 0x40)
         self.offers = True
@@ -285,6 +286,8 @@ class _IbTransport:
             conn = self.conns[key] = NcclIbConnection(self.wire, self.hosts[sender], self.hosts[receiver], sender,
                                                       sender_qp, receiver_qp, "2.21", self.rng, STEP_BYTES)
             conn.data.mtu = conn.cts.mtu = self.mtu
+            if self.set_up:
+                conn.set_up(45000 + len(self.conns), 46000 + receiver)
         return conn
 
     def offer(self, key: tuple, grant: int) -> None:
@@ -376,12 +379,13 @@ def _payload(send: _Send, received: dict, rng: random.Random) -> bytes:
 
 def roce_job(path: Path, n: int, operations: list[Collective], *, channels: int = 1, idle_gap_us: int = 20_000,
              skew_us: int = 0, mtu: int = 1024, snap: int | None = 256, per_rank: bool = False, zeros: bool = False,
-             seed: int = 13) -> GeneratedJob:
-    """NCCL over RoCEv2, every rank on its own host; data packets keep `snap` payload bytes (None: whole)."""
+             set_up: bool = False, seed: int = 13) -> GeneratedJob:
+    """NCCL over RoCEv2, every rank on its own host; data packets keep `snap` payload bytes (None: whole);
+    `set_up`: each connection's IB set-up TCP connection is in the capture too."""
     rng = random.Random(seed)
     cap = TcpCapture(seed=seed)
     hosts = _hosts(n)
-    transport = _IbTransport(cap, path, hosts, rng, mtu, snap)
+    transport = _IbTransport(cap, path, hosts, rng, mtu, snap, set_up)
     spans = simulate(transport, cap, n, operations, rng, channels=channels, idle_gap_us=idle_gap_us, skew_us=skew_us,
                      zeros=zeros)
     return GeneratedJob(_write(cap, path, hosts, per_rank), hosts, operations, spans, transport.truth)

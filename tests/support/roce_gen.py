@@ -425,6 +425,16 @@ class NcclIbConnection:
             self.data.message("WRITE", struct.pack(f"<{len(sizes)}i", *sizes), va=self.cmpl_addr + slot * 32,
                               rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes=list(sizes), **role)
 
+    def set_up(self, client_port: int, listen_port: int) -> None:
+        """NCCL's IB set-up connection (the sender connects: magic + type 4, then each side its metadata)."""
+        cap = self.wire.cap
+        setup = cap.connect((self.data.src, client_port), (self.data.dst, listen_port))
+        cap.send(setup, struct.pack("<Qi", NCCL_SOCKET_MAGIC, TYPE_NET_IB))
+        cap.send(setup, self.setup_metadata("sender"))
+        cap.send(setup, self.setup_metadata("receiver"), from_client=False)
+        cap.send(setup, struct.pack("<i", 1))
+        cap.close(setup)
+
     def setup_metadata(self, side: str) -> bytes:
         """What each side sends on the set-up connection (master's layout, which the decoder does not parse):
         device list, then ncclIbConnectionMetadata {qpInfo[128] {qpn, ece, ece_supported, devIndex},
