@@ -48,11 +48,13 @@ What the wire cannot say, and what is reported instead (also in the README):
 - The socket transport has no CTS: no ranks from tags (the TCPStore or the ring chunk schedule give them),
   no offered size (NCCL's default is assumed), no offer times: an all_reduce whose loops are all full runs
   on into the next operation; send/recv connections are not told from another channel.
+- A channel carrying ring and tree operations (NCCL_ALGO unset) is read operation by operation, the one whose
+  sends begin first next; the ring's connections are told from the tree's by their two-step offers, so on
+  sockets (no offers) such a channel is read only where ring and tree neighbours differ.
 - LL / LL128 collectives (NCCL's choice for small ones when NCCL_PROTO is not Simple), a NCCL_BUFFSIZE other
-  than the default, rings or trees that differ between channels, CollNet / NVLS, a channel whose
-  connections carry both ring and tree operations, a capture starting inside an operation: from there on
-  a host's sends come out as one `unknown` row, never spread over invented operations. LL send/recv sizes
-  are known to 8 bytes (a line's last data word may be fill).
+  than the default, rings or trees that differ between channels, CollNet / NVLS, a capture starting inside
+  an operation: from there on a host's sends come out as one `unknown` row, never spread over invented
+  operations. LL send/recv sizes are known to 8 bytes (a line's last data word may be fill).
 """
 from __future__ import annotations
 
@@ -547,8 +549,10 @@ def _try_pipeline(ring: _Ring, i: int, j: int) -> tuple[Operation, int, int] | N
 
 
 def _single_grant_sized(sends: list[Send]) -> bool:
-    """broadcast, reduce and tree all_reduce offer one Simple step per CTS (sliceSteps 1)."""
-    return all(s.grant_bytes in (None, PIPELINE_GRANT_BYTES) for s in sends)
+    """broadcast, reduce and tree all_reduce offer one Simple step per CTS (sliceSteps 1), and send no empty
+    chunk (a chunk is what is left of the tensor, and an empty collective has no proxy step at all:
+    enqueue.cc addCBDCollToPlan)."""
+    return all(s.grant_bytes in (None, PIPELINE_GRANT_BYTES) and s.size_bytes for s in sends)
 
 
 def _ring_step_grants(sends: list[Send]) -> bool:
@@ -592,33 +596,71 @@ def parse_ring(ring: _Ring) -> tuple[list[Operation], int, int]:
 
 # -- tree ---------------------------------------------------------------------------------------------------
 
+def _tree_op(edges: dict[str, tuple[Connection, Connection]], pos: dict[str, int]) -> Operation | None:
+    """The tree all_reduce starting at `pos` (each connection's sends already used), or None. Every tree edge
+    carries, each way, one send per chunk of stepSize (the CTS size); a send short of its buffer is the
+    operation's last chunk. All edge directions carry the same chunk sizes; towards its parent a rank sends
+    first (reduce goes up before the broadcast comes down)."""
+    conns = [c for pair in edges.values() for c in pair]
+    if not conns or not all(pos[c.name] < len(c.sends) for c in conns):
+        return None
+    lists = [c.sends[pos[c.name]:] for c in conns]
+    first = lists[0]
+    count = next((k + 1 for k, s in enumerate(first)
+                  if not _full(s, PIPELINE_GRANT_BYTES)
+                  or not _granted_ahead([(c.sends, pos[c.name] + k + 1) for c in conns])), len(first))
+    if any(len(lst) < count or [s.size_bytes for s in lst[:count]] != [s.size_bytes for s in first[:count]]
+           for lst in lists) or not _single_grant_sized(first[:count]):
+        return None
+    sends, roles = {}, {}
+    for peer, (inbound, outbound) in edges.items():
+        got_in = inbound.sends[pos[inbound.name]:pos[inbound.name] + count]
+        got_out = outbound.sends[pos[outbound.name]:pos[outbound.name] + count]
+        sends[inbound.name], sends[outbound.name] = got_in, got_out
+        roles[peer] = "up" if got_out[0].ts_first_ns < got_in[0].ts_first_ns else "down"
+    return Operation("all_reduce", "tree", sum(s.payload_bytes for s in first[:count]), sends,
+                     {"chunks": count, "tree_roles": roles})
+
+
+def _advance(pos: dict[str, int], op: Operation) -> None:
+    for name, sends in op.sends.items():
+        pos[name] += len(sends)
+
+
 def parse_tree(edges: dict[str, tuple[Connection, Connection]]) -> tuple[list[Operation], dict[str, int]]:
-    """Tree all_reduces on one channel, seen from one rank: every tree edge carries, each way, one send per
-    chunk of stepSize (the CTS size); a send short of its buffer is the operation's last chunk. All edge
-    directions carry the same chunk sizes; towards its parent a rank sends first (reduce goes up before
-    the broadcast comes down)."""
-    pos = {peer: 0 for peer in edges}
+    """Tree all_reduces on one channel, seen from one rank (`_tree_op` one after the other)."""
+    pos = {c.name: 0 for pair in edges.values() for c in pair}
     ops: list[Operation] = []
-    while all(pos[p] < len(edges[p][0].sends) and pos[p] < len(edges[p][1].sends) for p in edges):
-        lists = [c.sends[pos[p]:] for p, pair in edges.items() for c in pair]
-        first = lists[0]
-        count = next((k + 1 for k, s in enumerate(first)
-                      if not _full(s, PIPELINE_GRANT_BYTES)
-                      or not _granted_ahead([(c.sends, pos[p] + k + 1) for p, pair in edges.items() for c in pair])),
-                     len(first))
-        if any(len(lst) < count or [s.size_bytes for s in lst[:count]] != [s.size_bytes for s in first[:count]]
-               for lst in lists) or not _single_grant_sized(first[:count]):
-            break
-        sends, roles = {}, {}
-        for peer, (inbound, outbound) in edges.items():
-            got_in = inbound.sends[pos[peer]:pos[peer] + count]
-            got_out = outbound.sends[pos[peer]:pos[peer] + count]
-            sends[inbound.name], sends[outbound.name] = got_in, got_out
-            roles[peer] = "up" if got_out[0].ts_first_ns < got_in[0].ts_first_ns else "down"
-            pos[peer] += count
-        ops.append(Operation("all_reduce", "tree", sum(s.payload_bytes for s in first[:count]), sends,
-                             {"chunks": count, "tree_roles": roles}))
+    while (op := _tree_op(edges, pos)) is not None:
+        ops.append(op)
+        _advance(pos, op)
     return ops, pos
+
+
+def parse_ring_and_tree(ring: _Ring, edges: dict[str, tuple[Connection, Connection]], names: list[str]
+                        ) -> tuple[list[Operation], dict[str, int]]:
+    """A channel carrying ring and tree operations (NCCL picks the algorithm per operation when NCCL_ALGO is
+    not set), on connections they may share (one per channel, peer and direction: the ring's next can be
+    the tree's parent): at each point the ring and the tree each read their next operation, and the one
+    whose sends begin first is the next (operations run one after the other)."""
+    pos = dict.fromkeys(names, 0)
+    ops: list[Operation] = []
+    while True:
+        candidates = []
+        i, j = pos.get(ring.in_name, 0), pos.get(ring.out_name, 0)
+        found = next((f for f in (t(ring, i, j) for t in (_try_all_reduce, _try_gather_like, _try_pipeline))
+                      if f is not None), None)
+        if found is not None:
+            candidates.append(found[0])
+        tree = _tree_op(edges, pos)
+        if tree is not None:
+            candidates.append(tree)
+        if not candidates:
+            return ops, pos
+        op = min(candidates, key=lambda op: (min(s.ts_first_ns for lst in op.sends.values() for s in lst),
+                                             -sum(len(lst) for lst in op.sends.values())))
+        ops.append(op)
+        _advance(pos, op)
 
 
 # -- send / recv ----------------------------------------------------------------------------------------------
@@ -684,48 +726,68 @@ def _ring_indexes(wire: Wire, rank_of: dict[str, int]) -> dict[str, int]:
     return {} if first is None else {host: (i - first) % len(ring) for i, host in enumerate(ring)}
 
 
+def _ring_connection(connections: dict[str, Connection], one_way: list[str]) -> Connection | None:
+    """A rank's ring connection in one direction among those to or from its peers: the only one that carries
+    ring steps (two-step offers), or else the only one to a peer that is no tree neighbour."""
+    stepped = [c for c in connections.values() if any(s.grant_bytes == RING_GRANT_BYTES for s in c.sends)]
+    if len(stepped) == 1:
+        return stepped[0]
+    return connections[one_way[0]] if len(one_way) == 1 and not stepped else None
+
+
 def _label(rank_of: dict[str, int], host: str) -> str:
     return str(rank_of[host]) if host in rank_of else host
 
 
 def _parse_channel(conns: list[Connection], host: str, job: _Job, n: int) -> tuple[list[Operation], dict[str, int], dict]:
     """Operations of one channel at `host`, how many sends of each connection they explain, and the
-    channel's shape."""
+    channel's shape: a ring (from the previous rank, to the next), a tree (neighbours both ways), or both."""
     rank_of = job.rank_of
     out = {c.receiver: c for c in conns if c.sender == host}
     inc = {c.sender: c for c in conns if c.receiver == host}
     both = sorted(set(out) & set(inc))
     ring_in, ring_out = sorted(set(inc) - set(out)), sorted(set(out) - set(inc))
+    edges = {p: (inc[p], out[p]) for p in both}
     parses = []
 
-    def ring_parse(prev: str | None, nxt: str | None) -> None:
-        inbound, outbound = inc.get(prev), out.get(nxt)
+    def ring_of(inbound: Connection | None, outbound: Connection | None) -> tuple[_Ring, dict]:
+        prev, nxt = inbound and inbound.sender, outbound and outbound.receiver
         ring = _Ring(inbound.sends if inbound else [], outbound.sends if outbound else [],
-                     inbound.name if inbound else None, outbound.name if outbound else None, n,
+                     inbound and inbound.name, outbound and outbound.name, n,
                      job.ring_index_of.get(host), job.ring_index_of.get(prev))
+        return ring, {"ring": f"{_label(rank_of, prev) if prev else '?'} -> {_label(rank_of, host)} -> "
+                              f"{_label(rank_of, nxt) if nxt else '?'}"}
+
+    def ring_parse(inbound: Connection | None, outbound: Connection | None) -> None:
+        ring, shape = ring_of(inbound, outbound)
         ops, i, j = parse_ring(ring)
-        used = {name: k for name, k in ((ring.in_name, i), (ring.out_name, j)) if name is not None}
-        shape = {"ring": f"{_label(rank_of, prev) if prev else '?'} -> {_label(rank_of, host)} -> "
-                         f"{_label(rank_of, nxt) if nxt else '?'}"}
-        parses.append((ops, used, shape))
+        parses.append((ops, {name: k for name, k in ((ring.in_name, i), (ring.out_name, j)) if name}, shape))
 
     if not both and len(ring_in) <= 1 and len(ring_out) <= 1:
-        ring_parse(ring_in[0] if ring_in else None, ring_out[0] if ring_out else None)
+        ring_parse(inc.get(ring_in[0]) if ring_in else None, out.get(ring_out[0]) if ring_out else None)
     if len(both) == 1 and not ring_in and not ring_out and n == 2:
-        ring_parse(both[0], both[0])                # two ranks: prev == next, ring or tree alike
+        ring_parse(inc[both[0]], out[both[0]])         # two ranks: prev == next, ring or tree alike
     if both and not ring_in and not ring_out:
-        ops, pos = parse_tree({p: (inc[p], out[p]) for p in both})
-        for op in ops:
-            up = [p for p, role in op.evidence["tree_roles"].items() if role == "up"]
-            down = [_label(rank_of, p) for p, role in op.evidence["tree_roles"].items() if role == "down"]
-            op.evidence["tree"] = (f"{'/'.join(down + ['-1'] * (3 - len(down)))}->{_label(rank_of, host)}->"
-                                   f"{_label(rank_of, up[0]) if len(up) == 1 else '-1' if not up else '?'}")
-            op.evidence.pop("tree_roles")
-        parses.append((ops, {c.name: pos[p] for p in both for c in (inc[p], out[p])}, {"tree_neighbours": both}))
+        ops, pos = parse_tree(edges)
+        parses.append((ops, pos, {"tree_neighbours": both}))
+    ring_in_conn, ring_out_conn = _ring_connection(inc, ring_in), _ring_connection(out, ring_out)
+    if both and ring_in_conn and ring_out_conn:
+        ring, shape = ring_of(ring_in_conn, ring_out_conn)
+        ops, pos = parse_ring_and_tree(ring, edges, [c.name for c in conns])
+        parses.append((ops, pos, {**shape, "tree_neighbours": both}))
     if not parses:
-        return [], {}, {"reason": "the channel's connections are neither one ring nor one tree",
+        return [], {}, {"reason": "the channel's connections are neither a ring nor a tree",
                         "to": sorted(out), "from": sorted(inc)}
-    # with two ranks both schedules may apply: keep the one that explains more sends in fewer operations
+    for ops, _, _ in parses:
+        for op in ops:
+            if "tree_roles" in op.evidence:
+                roles = op.evidence.pop("tree_roles")
+                up = [p for p, role in roles.items() if role == "up"]
+                down = [_label(rank_of, p) for p, role in roles.items() if role == "down"]
+                op.evidence["tree"] = (f"{'/'.join(down + ['-1'] * (3 - len(down)))}->{_label(rank_of, host)}->"
+                                       f"{_label(rank_of, up[0]) if len(up) == 1 else '-1' if not up else '?'}")
+    # several shapes may fit (two ranks; a ring next to a tree): the one that explains more sends in fewer
+    # operations
     return max(parses, key=lambda p: (sum(p[1].values()), -len(p[0])))
 
 

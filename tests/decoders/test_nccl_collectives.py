@@ -161,6 +161,36 @@ def test_roce_send_recv(tmp_path):
     assert set(found[found["algorithm"] != "p2p"]["kind"]) == {"all_reduce"}
 
 
+def _mixed_ops(n: int, scale: int = 1) -> list[Collective]:
+    """Ring and tree operations in one job, as NCCL picks them per operation when NCCL_ALGO is not set."""
+    return [Collective("all_reduce", 1, es=1, algorithm="tree"), Collective("all_reduce", 24576),
+            Collective("all_reduce", 8, algorithm="tree"), Collective("all_gather", 4096 * 3 * n),
+            Collective("all_reduce", 3_000_004 // scale // 4 * 4, algorithm="tree"),
+            Collective("all_reduce", 5_000_004 // scale // 4 * 4), Collective("broadcast", 100_000, root=1 % n),
+            Collective("all_reduce", 24576, algorithm="tree"), Collective("reduce_scatter", 8192 * n)]
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_roce_ring_and_tree_on_shared_connections(tmp_path, n):
+    """Ring and tree operations on one channel, whose ring connections are also tree edges (NCCL keeps one
+    connection per channel, peer and direction): each rank's own capture, every operation exactly."""
+    job = roce_job(tmp_path / "mixed.pcap", n, _mixed_ops(n), skew_us=300, mtu=4096, per_rank=True)
+    _check(job, _collectives(job))
+
+
+def test_socket_transport_ring_and_tree_invents_nothing(tmp_path):
+    """The stated limit on sockets: without CTS offers nothing says which connections are the ring's when they
+    are also tree edges; such a channel is not parsed, and what was read before is right."""
+    n = 5
+    job = socket_job(tmp_path / "mixed.pcap", n, _mixed_ops(n, scale=20), skew_us=300, per_rank=True)
+    found = _collectives(job)
+    for host in job.hosts:
+        mine = found[found["local_address"] == host].sort_values("seq")
+        got = list(zip(mine["kind"], mine["algorithm"], mine["tensor_bytes"]))
+        want = [(op.kind, op.algorithm, op.nbytes) for op in job.operations]
+        assert got[-1][0] == "unknown" and got[:-1] == want[:len(got) - 1], (host, got)
+
+
 def test_roce_with_ib_set_up_connections(tmp_path):
     """Each connection's IB set-up TCP connection in the capture (magic + type 4, then both sides' metadata:
     QP numbers, GIDs, the CTS FIFO): it ties each data QP to the QP its CTS come on, two channels apart."""
