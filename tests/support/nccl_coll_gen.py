@@ -246,11 +246,13 @@ class GeneratedJob:
     operations: list[Collective]
     spans_us: list[tuple[int, int]] = field(default_factory=list)    # first and last packet of each operation
     truth: RoceCapture | None = None
+    lost: tuple[str, ...] = ()    # the sender and receiver of a packet the captures missed
 
 
-def _write(cap: TcpCapture, path: Path, hosts: list[str], per_rank: bool) -> list[Path]:
+def _write(cap: TcpCapture, path: Path, hosts: list[str], per_rank: bool, drop: set[int] = frozenset()) -> list[Path]:
     """The fabric as one capture (a switch mirror), or each rank's own capture: the frames from or to its
-    address (Ethernet + IPv4: addresses at bytes 26..33)."""
+    address (Ethernet + IPv4: addresses at bytes 26..33); frames in `drop` are missing from every capture."""
+    cap.frames = [f for i, f in enumerate(cap.frames) if i not in drop]
     if not per_rank:
         return [cap.write(path)]
     paths, frames = [], cap.frames
@@ -379,16 +381,27 @@ def _payload(send: _Send, received: dict, rng: random.Random) -> bytes:
 
 def roce_job(path: Path, n: int, operations: list[Collective], *, channels: int = 1, idle_gap_us: int = 20_000,
              skew_us: int = 0, mtu: int = 1024, snap: int | None = 256, per_rank: bool = False, zeros: bool = False,
-             set_up: bool = False, seed: int = 13) -> GeneratedJob:
+             set_up: bool = False, lose_in: int | None = None, seed: int = 13) -> GeneratedJob:
     """NCCL over RoCEv2, every rank on its own host; data packets keep `snap` payload bytes (None: whole);
-    `set_up`: each connection's IB set-up TCP connection is in the capture too."""
+    `set_up`: each connection's IB set-up TCP connection is in the capture too; `lose_in`: the captures miss
+    one data packet inside a message of that operation (GeneratedJob.lost: its sender and receiver)."""
     rng = random.Random(seed)
     cap = TcpCapture(seed=seed)
     hosts = _hosts(n)
     transport = _IbTransport(cap, path, hosts, rng, mtu, snap, set_up)
     spans = simulate(transport, cap, n, operations, rng, channels=channels, idle_gap_us=idle_gap_us, skew_us=skew_us,
                      zeros=zeros)
-    return GeneratedJob(_write(cap, path, hosts, per_rank), hosts, operations, spans, transport.truth)
+    drop, lost = set(), ()
+    if lose_in is not None:     # a MIDDLE packet (RDMA WRITE opcode 0x07) of a message of that operation
+        first_us, last_us = spans[lose_in]
+        middles = [i for i, (ts, frame, *_) in enumerate(cap.frames)
+                   if first_us <= ts <= last_us and len(frame) > 54 and frame[42] == 0x07]
+        drop = {middles[len(middles) // 2]}
+        frame = cap.frames[middles[len(middles) // 2]][1]
+        lost = (str(ipaddress.IPv4Address(frame[26:30])), str(ipaddress.IPv4Address(frame[30:34])))
+    job = GeneratedJob(_write(cap, path, hosts, per_rank, drop), hosts, operations, spans, transport.truth)
+    job.lost = lost
+    return job
 
 
 def socket_job(path: Path, n: int, operations: list[Collective], *, channels: int = 1, nsocks: int = 0,
