@@ -59,6 +59,7 @@ What the wire cannot say, and what is reported instead (also in the README):
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -151,7 +152,8 @@ class Operation:
 
 
 def _present(value) -> bool:
-    return value is not None and value == value          # NaN != NaN
+    """Not null: neither None nor pandas' NaN."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def roce_wire(messages: pd.DataFrame, streams: pd.DataFrame) -> Wire:
@@ -184,12 +186,10 @@ def roce_wire(messages: pd.DataFrame, streams: pd.DataFrame) -> Wire:
             ["capture", "src_ip", "dst_ip", "dest_qp", "flow_id"], sort=False):
         candidates = [key for key in grants if key[:3] == (capture, sender, receiver)]
         tied = [key for key in candidates if flow in setup_of and setup_of.get(cts_flow[key]) == setup_of[flow]]
-
-        def offered(key: tuple) -> int:
-            entries = grants[key]
-            return sum(1 for idx, va in zip(rows["nccl_fifo_idx"], rows["va"])
-                       if int(idx) in entries and _present(va) and int(va) in entries[int(idx)][1])
-        cts_key = tied[0] if len(tied) == 1 else max(candidates, key=offered, default=None)
+        written = [(int(idx), int(va)) for idx, va in zip(rows["nccl_fifo_idx"], rows["va"]) if _present(va)]
+        cts_key = tied[0] if len(tied) == 1 else max(
+            candidates, key=lambda key: sum(idx in grants[key] and va in grants[key][idx][1] for idx, va in written),
+            default=None)
         entries = grants.get(cts_key, {})
         conn = Connection(capture, sender, receiver,
                           f"{sender}->{receiver} data qp {int(qp)} cts qp {cts_key[3] if cts_key else '?'}",

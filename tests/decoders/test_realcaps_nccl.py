@@ -192,7 +192,7 @@ def test_tshark_reads_the_same_messages_immediates_and_cts(decoded, capture, tmp
     shark_cts = {}
     for m in shark:
         if m["imm"] is None:
-            addr, size, rkey0, rkey1, nreqs, tag, idx = struct.unpack_from("<QiIIIIxxxxQ", m["content"])
+            _, size, _, rkey1, nreqs, tag, idx = struct.unpack_from("<QiIIIIxxxxQ", m["content"])
             assert nreqs == 1 and rkey1 == 0 and m["content"][40:] == bytes(24)
             shark_cts[(m["src_ip"], m["dest_qp"], m["psn"])] = (tag, idx, [size])
     assert shark_cts == decoded_cts and len(shark_cts) > 0

@@ -399,9 +399,7 @@ def roce_job(path: Path, n: int, operations: list[Collective], *, channels: int 
         drop = {middles[len(middles) // 2]}
         frame = cap.frames[middles[len(middles) // 2]][1]
         lost = (str(ipaddress.IPv4Address(frame[26:30])), str(ipaddress.IPv4Address(frame[30:34])))
-    job = GeneratedJob(_write(cap, path, hosts, per_rank, drop), hosts, operations, spans, transport.truth)
-    job.lost = lost
-    return job
+    return GeneratedJob(_write(cap, path, hosts, per_rank, drop), hosts, operations, spans, transport.truth, lost)
 
 
 def socket_job(path: Path, n: int, operations: list[Collective], *, channels: int = 1, nsocks: int = 0,
