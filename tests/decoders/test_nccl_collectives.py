@@ -138,7 +138,7 @@ def test_roce_tree_all_reduces(tmp_path, n):
 
 @pytest.mark.parametrize(("n", "algorithm"), [(2, "ring"), (8, "ring"), (5, "tree")])
 def test_roce_64_mib(tmp_path, n, algorithm):
-    """64 MiB: 8 ring loops on two ranks, 4 on eight; 128 tree chunks (data packets cut to 64 bytes)."""
+    """64 MiB: 16 ring loops on two ranks, 4 on eight; 128 tree chunks (data packets cut to 64 bytes)."""
     job = roce_job(tmp_path / "big.pcap", n, [Collective("all_reduce", 64 << 20, algorithm=algorithm)], mtu=4096,
                    snap=64, per_rank=algorithm == "tree")
     _check(job, _collectives(job))
