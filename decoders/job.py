@@ -1,6 +1,7 @@
 """Captures of one job → the decode tables: each capture decoded on its own (decoders.capture_decoder, in
 forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (ps-lite nodes and
-tensors: decoders.pslite_job; processes from capture daemons: decoders.processes) and the summary."""
+tensors: decoders.pslite_job; NCCL collectives: decoders.nccl_collectives; processes from capture daemons:
+decoders.processes) and the summary."""
 from __future__ import annotations
 
 import os
@@ -39,8 +40,15 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
     return out
 
 
+def _append_columns(first: dict[str, list], second: dict[str, list]) -> dict[str, list]:
+    """Rows of `second` after those of `first`; a column one of them lacks is null in its rows."""
+    n, m = (len(next(iter(cols.values()))) if cols else 0 for cols in (first, second))
+    return {name: first.get(name, [None] * n) + second.get(name, [None] * m) for name in first.keys() | second.keys()}
+
+
 def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
+    from dlcsniff.decoders.nccl_collectives import collective_columns
     from dlcsniff.decoders.pslite_job import resolve_pslite
     from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
 
@@ -55,7 +63,8 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
         "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
         "messages": table_from_columns("messages", messages),
         "nodes": table_from_columns("nodes", nodes),
-        "collectives": table_from_columns("collectives", _concat(results, "collectives")),
+        "collectives": table_from_columns("collectives", _append_columns(_concat(results, "collectives"),
+                                                                         collective_columns(messages, streams))),
     }
     summary = _summary(results, tables)
     summary["unattributed_messages"] = unattributed
