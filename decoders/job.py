@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from dlcsniff.decoders.capture_decoder import CaptureResult, decode_capture
 from dlcsniff.decoders.fork_pool import FORK_MIN_BYTES, decode_forked
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, expand_inputs
+from dlcsniff.decoders.protocols.roce import ROCE_V2_UDP_PORT
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -88,13 +89,17 @@ def _unclaimed(results: list[CaptureResult], tcp) -> dict:
     for result in results:
         for port, n in result.unclaimed_udp.items():
             udp[port] = udp.get(port, 0) + n
+        # RoCE packets none of whose stream's packets passed the ICRC check (decoders.protocols.roce)
+        unproven = result.counts.get("roce_v2_datagrams_unproven", 0)
+        if unproven:
+            udp[ROCE_V2_UDP_PORT] = udp.get(ROCE_V2_UDP_PORT, 0) + unproven
     return {
         "tcp_connections": int(len(connections)),
         "tcp_bytes": int(plain["bytes"].sum()),
         "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
         "udp_datagrams": sum(udp.values()),
         "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
-        "other_packets": sum(r.unclaimed_packets for r in results),
+        "other_packets": sum(r.unclaimed_packets + r.counts.get("roce_v1_packets_unproven", 0) for r in results),
     }
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
-from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
+from dlcsniff.decoders.protocols.base import CaptureRows, Count, ProtocolDecoderBase, TcpDirection
 from dlcsniff.decoders.protocols.nccl_socket import (HANDSHAKE, HEAD_DIGEST_BYTES, NCCL_SOCKET_MAGIC, SAMPLE_BYTES,
                                                       line_protocol)
 
@@ -651,6 +651,16 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         qps = list(self._qps.values())
         for qp in qps:
             qp.advance(flush=True)
+        # A stream none of whose packets passed the ICRC check (as a receiving adapter would drop them all)
+        # shows no RoCE: its datagrams are counted as unclaimed, not claimed as a queue pair.
+        unproven = [qp for qp in qps if qp.bad_icrc == qp.packets]
+        for version, name in ((2, "roce_v2_datagrams_unproven"), (1, "roce_v1_packets_unproven")):
+            count = sum(qp.packets for qp in unproven if qp.version == version)
+            if count:
+                self._emit(Count(name, count))
+        qps = [qp for qp in qps if qp.bad_icrc < qp.packets]
+        for index, qp in enumerate(qps):
+            qp.index = index
         self._nccl_semantics(qps)
         self._nccl_connections(qps)
         streams = {stream_id: {"protocol": "nccl_ib_setup"} for stream_id in self._setups}

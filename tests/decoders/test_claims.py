@@ -1,7 +1,7 @@
 """A protocol is claimed only on positive evidence: every decoder in the registry runs on every capture, and
 each bundled job shows exactly the protocols its programs spoke (what each job ran is in its job.json and in
 the README of pcaps/); bytes that are no protocol (random payloads on the ports the decoders know, near-miss
-greetings) are claimed by none and are counted as such."""
+greetings, UDP to RoCEv2's port) are claimed by none and are counted as such."""
 from __future__ import annotations
 
 import json
@@ -39,6 +39,33 @@ CLAIMED = {
 }
 MESSAGES = {"pslite": "pslite", "gloo": "gloo", "tcpstore": "tcpstore", "zmtp": None, "tcp": None}
 JOBS = sorted(path.name for path in PCAPS.iterdir() if path.is_dir() and path.name != "realcaps")
+
+
+REALCAPS = PCAPS / "realcaps" / "softroce-tutorial"
+# the real captures made elsewhere (pcaps/realcaps/softroce-tutorial/README.md): NCCL over Soft-RoCE with its
+# TCPStore rendezvous (the capture filter kept UDP 4791 and TCP 29500 only), and perftest/rping/rdma_cm runs whose
+# TCP or RDMA-CM exchange of queue-pair numbers is theirs, not NCCL's
+REAL_SETS = {
+    "nccl_ring2": (sorted((REALCAPS / "nccl").glob("ring2_*.pcap.gz")), {"roce", "tcpstore"}),
+    "nccl_tree2": (sorted((REALCAPS / "nccl").glob("tree2_*.pcap.gz")), {"roce", "tcpstore"}),
+    **{path.name.split(".")[0]: ([path], {"roce", "tcp"} if path.name.startswith(("pingpong", "rdma_"))
+                                 and not path.name.startswith("rdma_cm") else {"roce"})
+       for path in sorted((REALCAPS / "perftest").glob("*.pcap.gz"))},
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_SETS))
+def test_real_captures_from_elsewhere_show_exactly_their_protocols(name, tmp_path):
+    from dlcsniff.decoders.decode_run import decode_to_dir
+    files, expected = REAL_SETS[name]
+    assert files, name
+    decode_to_dir(files, tmp_path / "out")
+    streams = set(pq.read_table(tmp_path / "out" / "streams.parquet", columns=["protocol"]).column("protocol")
+                  .to_pylist())
+    messages = set(pq.read_table(tmp_path / "out" / "messages.parquet", columns=["protocol"]).column("protocol")
+                   .to_pylist())
+    assert streams == expected
+    assert messages == expected - {"tcp"}
 
 
 def test_every_bundled_job_is_listed():
@@ -118,8 +145,9 @@ def _noise_capture(path, seed: int) -> int:
         packets += _conversation(rng, ts, 40000 + index, port, chunks)
         ts += 0.01
         connections += 1
-    for _ in range(UDP_DATAGRAMS):                                # UDP to other services' ports
-        packets.append(_udp(ts, rng.choice([53, 123, 5353, 9999]), rng.randbytes(rng.choice([12, 28, 64, 1100]))))
+    for index in range(UDP_DATAGRAMS):                            # UDP to other services' ports, and RoCEv2's:
+        port = 4791 if index % 2 else rng.choice([53, 123, 5353, 9999])   # those carry no valid ICRC
+        packets.append(_udp(ts, port, rng.randbytes(rng.choice([12, 28, 64, 1100]))))
         ts += 1e-3
     with open(path, "wb") as f:
         writer = dpkt.pcap.Writer(f, nano=False)
