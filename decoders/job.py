@@ -51,12 +51,15 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
     from dlcsniff.decoders.nccl_collectives import collective_columns
     from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, STREAMS_SCHEMA, table_from_columns
 
     streams = _concat(results, "streams")
     messages = _concat(results, "messages")
-    for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
-        messages.setdefault(name, [None] * len(messages["capture"]))
+    # a capture with no ps-lite at all (or no capture at all) still has every column
+    for table, schema in ((streams, STREAMS_SCHEMA), (messages, MESSAGES_SCHEMA)):
+        rows = len(table.get("capture", ()))
+        for name in schema.names:
+            table.setdefault(name, [None] * rows)
     nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
         "pslite_nodes", "pslite_announced", "pslite_routed")))
     tables = {
