@@ -1,9 +1,12 @@
 """`dlcsniff decode`: captures to the decode tables, and the summary it prints."""
 from __future__ import annotations
 
+import datetime
 import gc
 import json
+import re
 import sys
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,13 +17,43 @@ from rich.table import Table
 from dlcsniff.cli.app import Engine, SchedulerAddress, app, check_engine, err, fail, out
 
 
-PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on
+PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on (and always for a stream: no size)
+_RELATIVE = re.compile(r"\+(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|min|h)?")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
+            "min": 60_000_000_000, "h": 3_600_000_000_000}
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def time_bound(option: str, text: str | None):
+    """--start/--end: epoch seconds, an ISO 8601 time (without a zone: local time, as editcap -A/-B), or
+    +N[unit] after the start of the capture (units ns, us, ms, s (the default), m, h)."""
+    from dlcsniff.decoders.inputs.selection import TimeBound
+
+    if text is None:
+        return None
+    given = text.strip()
+    if relative := _RELATIVE.fullmatch(given):
+        return TimeBound(int(Decimal(relative.group(1)) * _UNIT_NS[relative.group(2) or "s"]), True, text)
+    try:
+        return TimeBound(int(Decimal(given) * 1_000_000_000), False, text)
+    except InvalidOperation:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(given)
+    except ValueError:
+        fail(f"{option} {text!r}: not a time (epoch seconds, ISO 8601 like 2024-05-01T12:00:00Z, or +5s after "
+             f"the start of the capture)")
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return TimeBound((moment - _EPOCH) // datetime.timedelta(microseconds=1) * 1000, False, text)
 
 
 @app.command()
 def decode(
-    captures: Annotated[list[Path], typer.Argument(help="Capture files (pcap/pcapng, optionally .gz) or "
-                                                   "directories of them: every node of one job.")],
+    captures: Annotated[list[Path], typer.Argument(help="Capture files (pcap/pcapng, optionally gzip, xz or zstd "
+                                                   "compressed; the pieces of a rotated or split capture "
+                                                   "become one node's capture), directories of them, - "
+                                                   "(standard input) or fifos: every node of one job.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory for the Parquet tables.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress",
@@ -30,24 +63,44 @@ def decode(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="Processes decoding captures in parallel (pandas: forked, 0 = none; dask: the local "
         "cluster's workers). Default: one per core, when it pays.")] = None,
+    filter_expr: Annotated[Optional[str], typer.Option(
+        "--filter", "-f", help="Decode only the packets this pcap filter expression (tcpdump's syntax, "
+        "compiled by libpcap) keeps, e.g. 'tcp port 9000 or udp port 4791'.")] = None,
+    start: Annotated[Optional[str], typer.Option(
+        "--start", help="Decode only packets from this time on: epoch seconds, ISO 8601 (no zone: local time), "
+        "or +N[ns|us|ms|s|m|h] after the start of the capture (its earliest first packet).")] = None,
+    end: Annotated[Optional[str], typer.Option(
+        "--end", help="Decode only packets before this time (same forms as --start; +N counts from the start "
+        "of the capture too).")] = None,
 ) -> None:
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
-    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
+    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture);
+    dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp' --start +0.5s --end +2s;
+    gzip -dc pcaps/zmq/client.pcap.gz | dlcsniff decode - --out out/stdin
     """
     from dlcsniff.decoders.dask_cluster import ClusterError
     from dlcsniff.decoders.dask_decode import decode_paths_dask
     from dlcsniff.decoders.errors import CaptureError
     from dlcsniff.decoders.job import decode_paths
 
+    from dlcsniff.decoders.inputs.selection import PacketSelection
+
     check_engine(engine, scheduler)
+    window = time_bound("--start", start), time_bound("--end", end)
+    if None not in window and window[0].relative == window[1].relative and window[1].ns <= window[0].ns:
+        fail(f"--end {end!r} is not after --start {start!r}")
+    if any(str(path) == "-" for path in captures) and sys.stdin.isatty():
+        fail("-: standard input is a terminal; pipe a capture into it (tcpdump -w - ... | dlcsniff decode -)")
+    selection = (PacketSelection(filter_expr, *window)
+                 if filter_expr is not None or start is not None or end is not None else None)
 
     bar = None
 
-    def progress_total(total: int):
+    def progress_total(total: int | None):
         nonlocal bar
-        show = progress if progress is not None else total >= PROGRESS_MIN_BYTES
+        show = progress if progress is not None else total is None or total >= PROGRESS_MIN_BYTES
         if not show:
             return None
         bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -58,9 +111,10 @@ def decode(
 
     try:
         if engine == "dask":
-            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
+            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
+                                        selection=selection)
         else:
-            dataset = decode_paths(captures, progress_total=progress_total, workers=workers)
+            dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection)
     except (CaptureError, ClusterError) as exc:
         fail(str(exc))
     except OSError as exc:
@@ -90,13 +144,23 @@ def decode(
 def _print_decode_summary(summary: dict, tables: dict) -> None:
     for warning in summary["warnings"]:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    selection = summary["selection"]
+    pieces = any(len(cap["files"]) > 1 for cap in summary["captures"])
     table = Table(title="capture", title_justify="left")
-    for col in ("capture", "packets", "non-TCP", "undecoded msgs"):
+    for col in ("capture", *(["files"] if pieces else []), "packets", *(["decoded"] if selection else []),
+                "non-TCP", "undecoded msgs"):
         table.add_column(col, justify="right" if col != "capture" else "left")
     for cap in summary["captures"]:
-        table.add_row(cap["capture"], f"{cap['packets']:,}", f"{cap['non_tcp_packets']:,}",
+        table.add_row(cap["capture"], *([f"{len(cap['files'])}"] if pieces else []), f"{cap['packets']:,}",
+                      *([f"{cap['packets_decoded']:,}"] if selection else []), f"{cap['non_tcp_packets']:,}",
                       f"{cap['undecoded_messages']:,}")
     out.print(table)
+    if selection:
+        window = " ".join(f"{name} {bound['given']}" for name, bound in (("from", selection["start"]),
+                                                                          ("to", selection["end"])) if bound)
+        what = "; ".join(filter(None, [f"filter {selection['filter']!r}" if selection["filter"] is not None else "",
+                                       f"window {window}" if window else ""]))
+        out.print(f"decoded {summary['packets_decoded']:,} of {summary['packets']:,} packets ({what})")
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
     out.print(f"flows (TCP directions) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
