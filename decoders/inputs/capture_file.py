@@ -5,7 +5,7 @@ their magic, never by the file name: pcap (microsecond and nanosecond, either by
 number of sections and interfaces, each with its own link type and timestamp resolution/offset), and
 either of them compressed with gzip, xz or zstd.
 
-The input is read front to back in `CHUNK_BYTES` reads, never seeked or sized, so memory stays flat however
+The input is read front to back in `CHUNK_BYTES` reads, never seeked, so memory stays flat however
 large it is and a pipe reads like a file: `-` is standard input, and a fifo or character device is read as
 the stream it is (its `total_bytes` is None: progress without a total). The records found
 whole in a read buffer come out together as a `RecordBatch` (`CaptureReader.batches()`, for vectorised

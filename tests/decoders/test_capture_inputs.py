@@ -147,26 +147,20 @@ def test_pieces_named_alike_but_overlapping_say_why_they_stay_apart(tmp_path):
     assert note and "go on" in note[0]
 
 
-def test_gaps_and_overlaps_between_pieces_are_reported(whole, tmp_path):
+@pytest.mark.parametrize("shift_s, warning", [
+    ("5", "no packets for 5.00"),                    # the last piece 5 s later: a gap (a piece missing?)
+    ("-0.00002", "overlap by"),                      # 20 µs earlier: its first packets overlap the piece before
+])
+def test_gaps_and_overlaps_between_pieces_are_reported(whole, tmp_path, shift_s, warning):
     pieces = _tcpdump_split(whole, tmp_path / "c", "-C", "1")
-    editcap = require_tool("editcap")
-    # the last piece 5 s later: a gap; then only 20 µs earlier: its first packets overlap the piece before
-    late = tmp_path / "late" / pieces[2].name
-    late.parent.mkdir()
+    moved = tmp_path / "moved"
+    moved.mkdir()
     for p in pieces[:2]:
-        shutil.copy(p, late.parent / p.name)
-    subprocess.run([editcap, "-t", "5", str(pieces[2]), str(late)], check=True)
-    _, summary = _tables([late.parent])
+        shutil.copy(p, moved / p.name)
+    subprocess.run([require_tool("editcap"), "-t", shift_s, str(pieces[2]), str(moved / pieces[2].name)], check=True)
+    _, summary = _tables([moved])
     assert len(summary["captures"]) == 1
-    assert any("no packets for 5.00" in w and "worker0.pcap1 and worker0.pcap2" in w for w in summary["warnings"])
-    early = tmp_path / "early" / pieces[2].name
-    early.parent.mkdir()
-    for p in pieces[:2]:
-        shutil.copy(p, early.parent / p.name)
-    subprocess.run([editcap, "-t", "-0.00002", str(pieces[2]), str(early)], check=True)
-    _, summary = _tables([early.parent])
-    assert len(summary["captures"]) == 1
-    assert any("worker0.pcap1 and worker0.pcap2 overlap by" in w for w in summary["warnings"])
+    assert any(warning in w and "worker0.pcap1 and worker0.pcap2" in w for w in summary["warnings"])
 
 
 # -- live rotation: tcpdump -G, dumpcap ring buffers ------------------------------------------------------
@@ -257,7 +251,7 @@ def test_stdin_and_a_fifo_through_the_cli(whole, tmp_path):
     fifo = tmp_path / "worker0"
     os.mkfifo(fifo)
     writer = subprocess.Popen(f"xz -c {whole} > {fifo}", shell=True)
-    result = runner.invoke(app, ["decode", str(fifo), "--out", str(tmp_path / "fifo"), "--json"])
+    result = runner.invoke(app, ["decode", str(fifo), "--out", str(tmp_path / "fifo"), "--json", "--progress"])
     writer.wait(timeout=30)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -265,6 +259,12 @@ def test_stdin_and_a_fifo_through_the_cli(whole, tmp_path):
     import pyarrow.parquet as pq
     streams = pq.read_table(tmp_path / "fifo" / "streams.parquet").drop_columns(["capture"])
     assert streams.equals(expected["streams"])
+
+
+def test_dask_refuses_a_stream():
+    from dlcsniff.decoders.dask_decode import decode_paths_dask
+    with pytest.raises(CaptureError, match="cannot be handed to Dask workers"):
+        decode_paths_dask([Path("-")])
 
 
 # -- two jobs --------------------------------------------------------------------------------------------
