@@ -154,7 +154,8 @@ def prepare_inputs(inputs: Iterable[Path], selection: PacketSelection | None = N
     captures = expand_inputs(inputs)
     if selection is None:
         return captures, None
-    starts = [capture_start(capture) for capture in captures if not capture.stream]
+    needs_start = selection.filter is not None or selection.relative
+    starts = [capture_start(capture) for capture in captures if needs_start and not capture.stream]
     if selection.filter is not None:
         check = PcapFilter(selection.filter)
         try:

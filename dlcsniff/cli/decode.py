@@ -68,7 +68,7 @@ def decode(
         "compiled by libpcap) keeps, e.g. 'tcp port 9000 or udp port 4791'.")] = None,
     start: Annotated[Optional[str], typer.Option(
         "--start", help="Decode only packets from this time on: epoch seconds, ISO 8601 (no zone: local time), "
-        "or +N[ns|us|ms|s|m|h] after the start of the capture (its earliest first packet).")] = None,
+        "or +N after the start of the capture (its earliest first packet), in ns, us, ms, s (the default), m or h.")] = None,
     end: Annotated[Optional[str], typer.Option(
         "--end", help="Decode only packets before this time (same forms as --start; +N counts from the start "
         "of the capture too).")] = None,
@@ -77,7 +77,7 @@ def decode(
 
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
     dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture);
-    dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp' --start +0.5s --end +2s;
+    dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp port 9100' --start +2.8s --end +3s;
     gzip -dc pcaps/zmq/client.pcap.gz | dlcsniff decode - --out out/stdin
     """
     from dlcsniff.decoders.dask_cluster import ClusterError

@@ -127,6 +127,26 @@ def test_compressed_pieces(whole, tmp_path, tool):
     _assert_same_decode([tmp_path / "c"], whole, counted=originals)
 
 
+def test_a_capture_daemons_files_named_one_by_one(whole, tmp_path):
+    # the daemon's rotated files (capture-SSSS-FFFFF.pcap) given without their directory: one capture per set
+    subprocess.run([require_tool("editcap"), "-c", "1000", str(whole), str(tmp_path / "chunk.pcap")], check=True)
+    for index, chunk in enumerate(sorted(tmp_path.glob("chunk_*.pcap"))):
+        chunk.rename(tmp_path / f"capture-0000-{index:05d}.pcap")
+    pieces = sorted(tmp_path.glob("capture-*.pcap"))
+    summary = _assert_same_decode(pieces, whole)
+    assert summary["captures"][0]["capture"] == "capture-0000"
+
+
+def test_packet_by_packet_selection_agrees_with_the_batch_path(whole):
+    from dlcsniff.decoders.capture_decoder import decode_capture
+    selection = PacketSelection(filter="tcp port 9200 or arp", start=TimeBound(100_000_000, True),
+                                end=TimeBound(600_000_000, True))
+    batched = decode_capture(whole, selection=selection)
+    one_by_one = decode_capture(whole, selection=selection, batched=False)
+    assert 0 < batched.packets_decoded == one_by_one.packets_decoded < batched.packets
+    assert batched.tables["streams"] == one_by_one.tables["streams"]
+
+
 def test_nodes_named_alike_stay_apart(tmp_path):
     # worker0.pcap and worker1.pcap differ by a digit, as pieces of a -G capture would, but were captured at
     # the same time: two nodes
@@ -341,6 +361,9 @@ def test_time_window_keeps_what_tshark_keeps(whole, tmp_path):
         assert summary["packets_decoded"] == expected
         assert summary["selection"]["start"]["given"] == start
         assert summary["selection"]["start"]["ts_ns"] == pytest.approx(start_s * 1e9, abs=1000)
+    stream = runner.invoke(app, ["decode", "-", "--out", str(tmp_path / "s"), "--json", "--start", "+0.2s",
+                                 "--end", "+720ms"], input=whole.read_bytes())
+    assert json.loads(stream.stdout)["packets_decoded"] == expected      # from the stream's own first packet
     iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(origin))) + "Z"
     result = runner.invoke(app, ["decode", str(whole), "--out", str(tmp_path / "iso"), "--json", "--end", iso])
     assert json.loads(result.stdout)["packets_decoded"] == sum(t < int(origin) for t in epochs)
