@@ -4,7 +4,7 @@
 sender's and at its receiver's. Here the observations of one message become one event:
 
 - Observations are the same message when they travel on the same connection (its address 4-tuple is the
-  same at both ends) with the same identity (its protocol; for ps-lite the request/push/pull/simple_app
+  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity (its protocol; for ps-lite the request/push/pull/simple_app
   flags, timestamp, app, customer, control command and head; for Gloo the opcode; for TCPStore the query),
   and are the n-th such message on it in each capture. Every protocol's messages take part: ps-lite's, the
   collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
@@ -48,7 +48,7 @@ ATTRIBUTES = ("protocol", "sender_id", "recver_id", "sender_role", "recver_role"
               "complete", "pg", "collective", "seq", "opcode", "store_query", "src_rank", "dst_rank",
               "payload_bytes")
 MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing") + ATTRIBUTES
-STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port")
+STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "dest_qp")
 NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
 EVENT_COLUMNS = (("event_id", "connection", "message_row") + ATTRIBUTES + (
@@ -67,9 +67,15 @@ class JobView:
 
 
 def connection_names(streams: pd.DataFrame) -> pd.Series:
-    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), the same in every capture that saw it."""
-    return (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
-            + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
+    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), "src_ip>dst_ip#qp<n>" of a RoCE queue pair's
+    (its destination QP: streams without ports), the same in every capture that saw it."""
+    tcp = (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
+           + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
+    if "dest_qp" not in streams:
+        return tcp
+    qp = streams["src_ip"].astype(str) + ">" + streams["dst_ip"].astype(str) + "#qp" + streams["dest_qp"].astype(
+        "Int64").astype(str)
+    return tcp.where(streams["src_port"].notna() | streams["dest_qp"].isna(), qp)
 
 
 def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
