@@ -4,9 +4,10 @@
 sender's and at its receiver's. Here the observations of one message become one event:
 
 - Observations are the same message when they travel on the same connection (its address 4-tuple is the
-  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity (its protocol; for ps-lite the request/push/pull/simple_app
-  flags, timestamp, app, customer, control command and head; for Gloo the opcode; for TCPStore the query),
-  and are the n-th such message on it in each capture. Every protocol's messages take part: ps-lite's, the
+  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity (its
+  protocol; for ps-lite the request/push/pull/simple_app flags, timestamp, app, customer, control command
+  and head; for Gloo the opcode; for TCPStore the query), and are the n-th such message on it in each
+  capture. Every protocol's messages take part: ps-lite's, the
   collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
 - An observation is the send side when its capture is the sender's own capture, the receive side when it is
   the receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
@@ -19,10 +20,10 @@ sender's and at its receiver's. Here the observations of one message become one 
   capture, else the capture rank 0 sends from, else the first capture by name.
 
 events.parquet (EVENT_COLUMNS), one row per message of the job:
-- its protocol and fields, from an observation that saw it whole if there is one (a capture hole may have cut it short in
-  one capture and not in its peer's), and of those from the send side's, else the receive side's, else an
-  observer's (message_row: that observation's row in messages.parquet); `complete`: every capture that saw
-  it saw it whole;
+- its protocol and fields, from an observation that saw it whole if there is one (a capture hole may have
+  cut it short in one capture and not in its peer's), and of those from the send side's, else the receive
+  side's, else an observer's (message_row: that observation's row in messages.parquet); `complete`: every
+  capture that saw it saw it whole;
 - send_capture, send_first_ns, send_last_ns and recv_capture, recv_first_ns, recv_last_ns: where and when
   each end saw it, in that capture's own clock; observer_capture; observations (how many captures saw it);
 - the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
