@@ -31,7 +31,7 @@ from dlcsniff.decoders.tcp_driver import BatchDecoder
 
 # Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
 PREFIX_BYTES = 64
-TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "first_ts_ns", "last_ts_ns", "packets",
+TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns", "packets",
                       "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
                       "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
 
@@ -235,8 +235,8 @@ class CaptureDecoder:
             cols["src_port"].append(sport)
             cols["dst_ip"].append(ip_to_str(dst))
             cols["dst_port"].append(dport)
-            cols["first_ts_ns"].append(info.first_ts_ns)
-            cols["last_ts_ns"].append(info.last_ts_ns)
+            cols["ts_first_ns"].append(info.first_ts_ns)
+            cols["ts_last_ns"].append(info.last_ts_ns)
             cols["packets"].append(info.packets)
             cols["bytes"].append(info.bytes)
             cols["missing_bytes"].append(info.missing_bytes)

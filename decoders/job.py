@@ -42,11 +42,11 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
 def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
     from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES, table_from_columns
 
     streams = _concat(results, "streams")
     messages = _concat(results, "messages")
-    for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
+    for name in MESSAGES.names:       # a capture with no ps-lite at all still has every column
         messages.setdefault(name, [None] * len(messages["capture"]))
     nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
         "pslite_nodes", "pslite_announced", "pslite_routed")))

@@ -126,7 +126,7 @@ def exchange_events(times: dict[str, int | None]) -> pd.DataFrame:
                 "tensor_key": 1, "req_type": "default", "size_bytes": 1000 if request else 20,
                 "connection": "a>b" if request else "b>a",
                 "ts_first_ns": times[f"{prefix}send_first"] or times[f"{prefix}recv_first"],
-                **{f"{side}_{edge}_aligned_ns": times[f"{prefix}{side}_{edge}"]
+                **{f"{side}_ts_{edge}_aligned_ns": times[f"{prefix}{side}_{edge}"]
                    for side in ("send", "recv") for edge in ("first", "last")}}
     frame = pd.DataFrame([event(True, ""), event(False, "r_")])
     for column in [c for c in frame.columns if c.endswith("_ns")]:

@@ -86,7 +86,7 @@ class ExpectedMessage:
     nccl_tag: int | None = None
     nccl_fifo_idx: int | None = None
     nccl_bytes: int | None = None
-    nccl_sizes: list[int] | None = None
+    nccl_sizes_bytes: list[int] | None = None
 
 
 COUNTERS = ("packets", "bad_icrc", "cnp", "retransmitted_packets", "naks", "acks", "lost_packets")
@@ -331,7 +331,7 @@ class NcclIbConnection:
         self.cts.message("WRITE", cts_entries(self.layout, entries),
                          va=self.fifo_addr + slot * 8 * self.entry_bytes, rkey=self.fifo_rkey,
                          nccl_role="cts", nccl_tag=self.sender_rank, nccl_fifo_idx=idx,
-                         nccl_sizes=[e["size"] for e in entries])
+                         nccl_sizes_bytes=[e["size"] for e in entries])
         role = {"nccl_role": "data", "nccl_tag": self.sender_rank, "nccl_fifo_idx": idx}
         if len(sizes) == 1 and not adaptive_routing:
             self.data.message("WRITE", self.rng.randbytes(sizes[0]), va=entries[0]["addr"], rkey=self.buffer_rkey,
@@ -344,7 +344,7 @@ class NcclIbConnection:
             self.data.message("WRITE", b"", va=0, rkey=0, imm=sizes[0], nccl_bytes=sizes[0], **role)
         else:
             self.data.message("WRITE", struct.pack(f"<{len(sizes)}i", *sizes), va=self.cmpl_addr + slot * 32,
-                              rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes=list(sizes), **role)
+                              rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes_bytes=list(sizes), **role)
 
     def setup_metadata(self, side: str) -> bytes:
         """What each side sends on the set-up connection (master's layout, which the decoder does not parse):
