@@ -48,16 +48,14 @@ from dlcsniff.analysis.load import load_job_view, read_columns
 from dlcsniff.decoders.timeline import JobView, connection_names
 from dlcsniff.decoders.vantage import capture_hosts
 from dlcsniff.analysis.describe import describe
+from dlcsniff.analysis.stats_schema import CONNECTIONS, IN_FLIGHT, KEY_UPDATES, REQUESTS
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
                 "unsplit_ns")
-REQUEST_COLUMNS = ("worker_id", "server_id", "kind", "tensor_key", "customer_id", "ps_timestamp", "req_type",
-                   "request_bytes", "response_bytes", "connection", "view", "ts_first_ns", "total_ns",
-                   *PART_COLUMNS, "clock_fix_us")
-IN_FLIGHT_COLUMNS = ("connection", "worker_id", "server_id", "ts_ns", "in_flight")
-CONNECTION_COLUMNS = ("connection", "src_ip", "src_port", "dst_ip", "dst_port", "capture", "at_connector",
-                      "syn_ts_ns", "handshake_rtt_ns", "setup_ns", "attempt", "refused", "since_previous_ns")
-KEY_UPDATE_COLUMNS = ("ps_key", "req_type", "updates")
+REQUEST_COLUMNS = REQUESTS.names
+IN_FLIGHT_COLUMNS = IN_FLIGHT.names
+CONNECTION_COLUMNS = CONNECTIONS.names
+KEY_UPDATE_COLUMNS = KEY_UPDATES.names
 VIEWS = ("both", "worker", "server")
 STREAM_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns",
                   "bytes", "syn_seen", "rst_seen", "reverse_flow_id")
@@ -238,10 +236,12 @@ def connection_setup(streams: pd.DataFrame, zmtp: pd.DataFrame, clocks: pd.DataF
     })[list(CONNECTION_COLUMNS)]
 
 
-def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray) -> pd.DataFrame:
-    """Updates per ps key (KEY_UPDATE_COLUMNS) from push requests' key and lens lists (one entry per push
-    request event). A key whose lens entry is 0 carries no values (a row-sparse push's master key, a
-    compressed push's dummy key) and is not an update."""
+def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray, tensor_key: np.ndarray
+                ) -> pd.DataFrame:
+    """Updates per ps key (KEY_UPDATE_COLUMNS) from push requests' key and lens lists, request types and
+    tensors (one entry per push request event). A key whose lens entry is 0 carries no values (a row-sparse
+    push's master key, a compressed push's dummy key) and is not an update. A row-sparse tensor's ps keys
+    are its rows: one tensor_key, many ps keys."""
     flat_keys = pc.list_flatten(keys).to_numpy(zero_copy_only=False)
     owner = pc.list_parent_indices(keys).to_numpy(zero_copy_only=False)
     lens_per_push = pc.list_value_length(lens).fill_null(0).to_numpy(zero_copy_only=False)
@@ -254,9 +254,12 @@ def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray) ->
         # lens lists that match their keys list entry for entry, in the same flattened order
         matched = with_lens[lens_owner]
         carries[with_lens[owner]] = lens_flat[matched] > 0
-    frame = pd.DataFrame({"ps_key": flat_keys[carries], "req_type": np.asarray(req_type, dtype=object)[owner[carries]]})
-    table = frame.groupby(["ps_key", "req_type"], dropna=False).size().rename("updates").reset_index()
-    return table.sort_values("updates", ascending=False, kind="stable", ignore_index=True)
+    pushes = owner[carries]
+    frame = pd.DataFrame({"ps_key": flat_keys[carries], "req_type": np.asarray(req_type, dtype=object)[pushes],
+                          "tensor_key": pd.array(tensor_key, dtype="Int64")[pushes]})
+    table = frame.groupby(["ps_key", "req_type"], dropna=False).agg(
+        tensor_key=("tensor_key", "first"), updates=("tensor_key", "size")).reset_index()
+    return table.sort_values("updates", ascending=False, kind="stable", ignore_index=True)[list(KEY_UPDATE_COLUMNS)]
 
 
 def update_skew(updates: pd.Series | np.ndarray) -> dict | None:
@@ -332,7 +335,7 @@ def job_statistics(decode_dir: str | Path) -> JobStats:
     lists = pq.read_table(decode_dir / "messages.parquet", columns=["keys", "lens"]).take(
         pa.array(push["message_row"].to_numpy(np.int64)))
     keys = key_updates(lists.column("keys").combine_chunks(), lists.column("lens").combine_chunks(),
-                       push["req_type"].to_numpy(object))
+                       push["req_type"].to_numpy(object), push["tensor_key"].to_numpy())
     summary = job_summary(view, requests, in_flight, connections, keys)
     pslite = len(view.events) > 0
     if not pslite:
