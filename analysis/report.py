@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from dlcsniff import __version__
+from dlcsniff.decoders.output_dir import dlcsniff_version
 from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, CollectiveStats, collective_headline, collective_kind_rows
 from dlcsniff.analysis.describe import human_bytes
 from dlcsniff.analysis.load import AnalysisError
@@ -230,7 +230,7 @@ def header_rows(source: str, manifest: dict | None, drawn_at: datetime) -> list[
         tables = manifest.get("tables") or {}
         rows.append(("decoded tables", ", ".join(f"{name} {found.get('rows', 0):,}"
                                                  for name, found in tables.items()) + " rows"))
-    rows.append(("report drawn by", f"dlcsniff {__version__} on {drawn_at.isoformat(timespec='seconds')}"))
+    rows.append(("report drawn by", f"dlcsniff {dlcsniff_version()} on {drawn_at.isoformat(timespec='seconds')}"))
     rows.append(("units", "; ".join(f"{quantity}: {unit}" for quantity, unit in REPORT_UNITS)))
     return rows
 

@@ -201,7 +201,7 @@ class CaptureDecoder:
                         streams[name][i] = value
                 elif cls is ExtraStream:
                     extra_flow[ev.index] = next_flow
-                    append_row(streams, {**ev.values, "flow_id": next_flow})
+                    append_row(streams, {**self._named_by_flow(ev.values, extra_flow, None), "flow_id": next_flow})
                     next_flow += 1
                 elif cls is Count:
                     counts[ev.name] += ev.value

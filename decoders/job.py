@@ -1,6 +1,7 @@
 """Captures of one job → the decode tables: each capture decoded on its own (decoders.capture_decoder, in
 forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (ps-lite nodes and
-tensors: decoders.pslite_job; processes from capture daemons: decoders.processes) and the summary."""
+tensors: decoders.pslite_job; NCCL collectives: decoders.nccl_collectives; processes from capture daemons:
+decoders.processes) and the summary."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from dlcsniff.decoders.capture_decoder import CaptureResult, decode_capture
 from dlcsniff.decoders.fork_pool import FORK_MIN_BYTES, decode_forked
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, expand_inputs
+from dlcsniff.decoders.protocols.roce import ROCE_V2_UDP_PORT
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,15 +41,25 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
     return out
 
 
+def _append_columns(first: dict[str, list], second: dict[str, list]) -> dict[str, list]:
+    """Rows of `second` after those of `first`; a column one of them lacks is null in its rows."""
+    n, m = (len(next(iter(cols.values()))) if cols else 0 for cols in (first, second))
+    return {name: first.get(name, [None] * n) + second.get(name, [None] * m) for name in first.keys() | second.keys()}
+
+
 def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
+    from dlcsniff.decoders.nccl_collectives import collective_columns
     from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES, STREAMS, table_from_columns
 
     streams = _concat(results, "streams")
     messages = _concat(results, "messages")
-    for name in MESSAGES.names:       # a capture with no ps-lite at all still has every column
-        messages.setdefault(name, [None] * len(messages["capture"]))
+    # a capture with no ps-lite at all (or no capture at all) still has every column
+    for table, schema in ((streams, STREAMS), (messages, MESSAGES)):
+        rows = len(table.get("capture", ()))
+        for name in schema.names:
+            table.setdefault(name, [None] * rows)
     nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
         "pslite_nodes", "pslite_announced", "pslite_routed")))
     tables = {
@@ -55,7 +67,8 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
         "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
         "messages": table_from_columns("messages", messages),
         "nodes": table_from_columns("nodes", nodes),
-        "collectives": table_from_columns("collectives", _concat(results, "collectives")),
+        "collectives": table_from_columns("collectives", _append_columns(_concat(results, "collectives"),
+                                                                         collective_columns(messages, streams))),
     }
     summary = _summary(results, tables)
     summary["unattributed_messages"] = unattributed
@@ -79,13 +92,17 @@ def _unclaimed(results: list[CaptureResult], tcp) -> dict:
     for result in results:
         for port, n in result.unclaimed_udp.items():
             udp[port] = udp.get(port, 0) + n
+        # RoCE packets none of whose stream's packets passed the ICRC check (decoders.protocols.roce)
+        unproven = result.counts.get("roce_v2_datagrams_unproven", 0)
+        if unproven:
+            udp[ROCE_V2_UDP_PORT] = udp.get(ROCE_V2_UDP_PORT, 0) + unproven
     return {
         "tcp_connections": int(len(connections)),
         "tcp_bytes": int(plain["bytes"].sum()),
         "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
         "udp_datagrams": sum(udp.values()),
         "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
-        "other_packets": sum(r.unclaimed_packets for r in results),
+        "other_packets": sum(r.unclaimed_packets + r.counts.get("roce_v1_packets_unproven", 0) for r in results),
     }
 
 

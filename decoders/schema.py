@@ -243,6 +243,8 @@ MESSAGES = table("messages", "decode", "one row per application message seen in 
     ("value_bytes", I64, "TCPStore: bytes of the values set or returned"),
     ("response_bytes", I64, "TCPStore: bytes of the response"),
     ("store_number", I64, "TCPStore: the number a query carries or returns (ADD amount or result, ...)"),
+    ("local_world_size", I32, "torchelastic's rendezvous in the store: processes on the node (role_info/<node>; "
+                              "src_rank is then the node's base rank, world_size from assigned_ranks/<node>)"),
     ("rdma_op", STR, "RoCE: SEND, SEND_IMM, WRITE, WRITE_IMM, READ"),
     ("dest_qp", I64, "RoCE: destination queue pair"),
     ("imm", I64, "RoCE: immediate data (NCCL data writes: the bytes sent)"),
@@ -260,10 +262,12 @@ MESSAGES = table("messages", "decode", "one row per application message seen in 
     ("nccl_bytes", I64, "NCCL: bytes the transfer moves (a data write's immediate)"),
     ("nccl_sizes_bytes", LIST_I64, "NCCL CTS: bytes offered per request"),
     ("nccl_addrs", LIST_U64, "NCCL CTS: buffer addresses offered per request"),
+    ("head_crc32", I64, "NCCL data: CRC-32 of the first 64 payload bytes, when captured (did a rank forward what "
+                        "it received, or reduce it?)"),
     ("nccl_seq", I64, "NCCL socket transport: the message's place on its connection"),
     ("nccl_inline", BOOL, "NCCL socket transport: the payload travelled inline on the control socket"),
     ("nccl_tasks", I32, "NCCL socket transport: data sockets the message was striped over"),
-    ("nccl_proto", STR, "NCCL: LL, LL128 or Simple, from the payload"),
+    ("nccl_proto", STR, "NCCL: LL, LL128 or Simple, from the first payload bytes (sockets and RoCE data writes)"),
 ])
 
 NODES = table("nodes", "decode", "one row per ps-lite node the scheduler announced", [
@@ -278,8 +282,10 @@ COLLECTIVES = table("collectives", "decode", "one row per collective operation s
                     "view)", [
     ("protocol", STR, "gloo, nccl_socket or roce"),
     ("kind", STR, "all_reduce, all_to_all, broadcast, all_gather, reduce_scatter, reduce, gather, scatter, "
-                  "barrier, send, recv"),
-    ("seq", I64, "the collective's sequence number in its group"),
+                  "barrier, send, recv; NCCL also what the wire cannot decide (all_gather_or_reduce_scatter, "
+                  "broadcast_or_reduce) or unknown (sends that fit no schedule)"),
+    ("seq", I64, "the collective's sequence number in its group (NCCL: its place among the host's "
+                 "collectives; send/recv: among those on one connection)"),
     ("world_size", I32, "ranks in the group"),
     ("ts_first_ns", I64, "its first byte on this rank's wire (sent or received)"),
     ("ts_last_ns", I64, "its last byte on this rank's wire"),
@@ -287,15 +293,20 @@ COLLECTIVES = table("collectives", "decode", "one row per collective operation s
     ("wire_bytes_received", I64, "bytes this rank received for it, framing included"),
     ("tensor_bytes", I64, "the tensor's size, recovered from the traffic through the algorithm's volume"),
     ("peers", LIST_I64, "ranks this rank exchanged data with"),
-    ("algorithm", STR, "ring, tree, ... as the traffic shows it"),
+    ("algorithm", STR, "ring, tree, p2p, ... as the traffic shows it"),
     ("capture", STR, "the capture (rank) that saw it"),
     ("pg", STR, "Gloo: the process group"),
-    ("local_rank", I32, "this rank"),
+    ("local_rank", I32, "this rank (NCCL: from the CTS tags, the TCPStore or the ring chunk schedule)"),
     ("payload_bytes_sent", I64, "payload bytes this rank sent for it"),
     ("payload_bytes_received", I64, "payload bytes this rank received for it"),
     ("messages", I64, "messages it took at this rank"),
     ("complete", BOOL, "every message of it was captured whole"),
     ("local_address", STR, "NCCL: the host (IP address) whose operation the row is"),
+    ("channel", I32, "NCCL: the first channel it ran on (channels numbered by set-up order)"),
+    ("channels", I32, "NCCL: how many channels carried it"),
+    ("root_rank", I32, "NCCL broadcast / reduce: the root, when a capture of the job shows it"),
+    ("evidence", STR, "NCCL, JSON: the ring or tree seen, loops, per connection FIFO idx range, sends, zero-byte "
+                      "sends, offered sizes; where rank and world size came from"),
 ])
 
 # the messages' fields an event carries (decoders.timeline)

@@ -113,7 +113,8 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
                       f"{cap['undecoded_messages']:,}")
     out.print(table)
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
-    out.print(f"flows (TCP directions) by protocol: {flows}")
+    kinds = "TCP directions" + (", RoCE queue pairs each way" if "roce" in summary["flows_by_protocol"] else "")
+    out.print(f"flows ({kinds}) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
               f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; "
               f"retransmitted {summary['retransmitted_bytes']:,} B; "
