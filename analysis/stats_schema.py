@@ -10,7 +10,7 @@ from dlcsniff.decoders.schema import BOOL, F64, I32, I64, STR, U64, Table, table
 
 VANTAGE = ("vantage", STR, "own: from the node's own capture; peers: from its peers' captures")
 
-ITERATIONS = table("iterations", "stats", "one row per worker iteration (SketchDLC's phases, from the worker's "
+ITERATIONS = table("iterations", "stats", "worker iteration (SketchDLC's phases, from the worker's "
                    "own records)", [
     ("worker_rank", I32, "the worker"),
     ("iteration", I32, "the iteration, from 0 after initialisation"),
@@ -26,7 +26,7 @@ ITERATIONS = table("iterations", "stats", "one row per worker iteration (SketchD
     VANTAGE,
 ])
 
-KEYS = table("keys", "stats", "one row per (server, tensor, training iteration): SketchDLC's server overheads", [
+KEYS = table("keys", "stats", "(server, tensor, training iteration): SketchDLC's server overheads", [
     ("server_rank", I32, "the server"),
     ("tensor_key", I64, "the tensor"),
     ("iteration", I32, "the iteration"),
@@ -39,7 +39,7 @@ KEYS = table("keys", "stats", "one row per (server, tensor, training iteration):
     VANTAGE,
 ])
 
-SIZES = table("sizes", "stats", "one row per DLC operation: its message sizes (meta + data)", [
+SIZES = table("sizes", "stats", "DLC operation: its message sizes (meta + data)", [
     ("operation", STR, "the operation (Push_Send_Worker, ..., or a command / control category)"),
     ("class", STR, "long (carries tensors), short (constant size) or other (commands, control)"),
     ("messages", I64, "records"),
@@ -53,7 +53,7 @@ SIZES = table("sizes", "stats", "one row per DLC operation: its message sizes (m
     ("p99_bytes", F64, "99th percentile"),
 ])
 
-TRAFFIC = table("traffic", "stats", "one row per (sender, receiver) node pair: the traffic matrix, each message "
+TRAFFIC = table("traffic", "stats", "(sender, receiver) node pair: the traffic matrix, each message "
                 "once", [
     ("src_rank", I32, "sender's DLC rank (workers, then servers, then the scheduler)"),
     ("dst_rank", I32, "receiver's DLC rank"),
@@ -63,7 +63,7 @@ TRAFFIC = table("traffic", "stats", "one row per (sender, receiver) node pair: t
     ("bytes", I64, "their bytes (meta + data)"),
 ])
 
-VOLUME_ITERATIONS = table("volume_iterations", "stats", "one row per worker iteration: the bytes it moved", [
+VOLUME_ITERATIONS = table("volume_iterations", "stats", "worker iteration: the bytes it moved", [
     ("worker_rank", I32, "the worker"),
     ("iteration", I32, "the iteration (-1: initialisation)"),
     ("phase", STR, "init or train"),
@@ -73,7 +73,7 @@ VOLUME_ITERATIONS = table("volume_iterations", "stats", "one row per worker iter
     ("total_bytes", I64, "bytes sent and received"),
 ])
 
-VOLUME_KEYS = table("volume_keys", "stats", "one row per tensor: its volume over the training iterations, from "
+VOLUME_KEYS = table("volume_keys", "stats", "tensor: its volume over the training iterations, from "
                     "the workers' records", [
     ("tensor_key", I64, "the tensor"),
     ("req_type", STR, "its request type (default, row_sparse, ...; unknown: never pushed)"),
@@ -85,11 +85,11 @@ VOLUME_KEYS = table("volume_keys", "stats", "one row per tensor: its volume over
     ("iterations", I64, "iterations it moved in"),
     ("workers", I64, "workers that moved it"),
     ("rows_per_push", F64, "row-sparse: mean rows per push"),
-    ("push_bytes_per_iteration", F64, "push_bytes per iteration per worker"),
-    ("pull_bytes_per_iteration", F64, "pull_bytes per iteration per worker"),
+    ("push_bytes_per_iteration", F64, "push_bytes per iteration per worker", "bytes"),
+    ("pull_bytes_per_iteration", F64, "pull_bytes per iteration per worker", "bytes"),
 ])
 
-REQUESTS = table("requests", "stats", "one row per ps-lite request/response pair: where its time went, on the "
+REQUESTS = table("requests", "stats", "ps-lite request/response pair: where its time went, on the "
                  "job's one timeline (analysis/latency.py; W the worker's capture, S the server's)", [
     ("worker_id", I32, "the requesting node"),
     ("server_id", I32, "the answering node"),
@@ -114,7 +114,7 @@ REQUESTS = table("requests", "stats", "one row per ps-lite request/response pair
                           "bound)"),
 ])
 
-IN_FLIGHT = table("in_flight", "stats", "one row per change of the requests in flight on a connection", [
+IN_FLIGHT = table("in_flight", "stats", "change of the requests in flight on a connection", [
     ("connection", STR, "the request connection"),
     ("worker_id", I32, "the requesting node"),
     ("server_id", I32, "the answering node"),
@@ -122,7 +122,7 @@ IN_FLIGHT = table("in_flight", "stats", "one row per change of the requests in f
     ("in_flight", I64, "requests in flight from then on"),
 ])
 
-CONNECTIONS = table("connections", "stats", "one row per TCP connection attempt whose SYN a capture saw: "
+CONNECTIONS = table("connections", "stats", "TCP connection attempt whose SYN a capture saw: "
                     "set-up costs", [
     ("connection", STR, "src_ip:port>dst_ip:port"),
     ("src_ip", STR, "connecting address"),
@@ -139,7 +139,7 @@ CONNECTIONS = table("connections", "stats", "one row per TCP connection attempt 
     ("since_previous_ns", I64, "the previous attempt's last packet → this SYN (negative: it was still open)"),
 ])
 
-KEY_UPDATES = table("key_updates", "stats", "one row per ps-lite key pushed with values: how often each is "
+KEY_UPDATES = table("key_updates", "stats", "ps-lite key pushed with values: how often each is "
                     "updated", [
     ("tensor_key", I64, "the tensor the key belongs to"),
     ("ps_key", U64, "the ps-lite key (a row-sparse tensor's rows are keys of their own)"),
@@ -147,7 +147,7 @@ KEY_UPDATES = table("key_updates", "stats", "one row per ps-lite key pushed with
     ("updates", I64, "pushes that carried values for it"),
 ])
 
-COLLECTIVE_STATS = table("collective_stats", "stats", "one row per collective operation across its ranks "
+COLLECTIVE_STATS = table("collective_stats", "stats", "collective operation across its ranks "
                          "(analysis/collective_stats.py)", [
     ("op", STR, "its name: kind#seq, or send_recv src→dst#seq"),
     ("protocol", STR, "gloo, nccl_socket or roce"),
@@ -173,7 +173,7 @@ COLLECTIVE_STATS = table("collective_stats", "stats", "one row per collective op
     ("complete", BOOL, "every rank's view of it was complete"),
 ])
 
-COLLECTIVE_RANKS = table("collective_ranks", "stats", "one row per collective operation per rank", [
+COLLECTIVE_RANKS = table("collective_ranks", "stats", "collective operation per rank", [
     ("op", STR, "the operation (collective_stats.op)"),
     ("protocol", STR, "gloo, nccl_socket or roce"),
     ("pg", STR, "the process group"),
@@ -190,13 +190,13 @@ COLLECTIVE_RANKS = table("collective_ranks", "stats", "one row per collective op
     ("busbw_gb_per_s", F64, "algbw × the operation's bus_factor"),
     ("start_lag_ns", I64, "after the first rank's start"),
     ("end_lag_ns", I64, "after the first rank's end"),
-    ("wire_bytes_sent", I64, "bytes this rank sent for it"),
-    ("wire_bytes_received", I64, "bytes this rank received for it"),
+    ("wire_bytes_sent", I64, "bytes this rank sent for it", "bytes"),
+    ("wire_bytes_received", I64, "bytes this rank received for it", "bytes"),
     ("messages", I64, "messages at this rank"),
     ("complete", BOOL, "this rank's view was complete"),
 ])
 
-COLLECTIVE_TRAFFIC = table("collective_traffic", "stats", "one row per (operation, source rank, destination "
+COLLECTIVE_TRAFFIC = table("collective_traffic", "stats", "(operation, source rank, destination "
                            "rank): the volume matrices, each message once", [
     ("protocol", STR, "gloo, nccl_socket or roce"),
     ("pg", STR, "the process group"),
@@ -210,7 +210,7 @@ COLLECTIVE_TRAFFIC = table("collective_traffic", "stats", "one row per (operatio
     ("seen_at", STR, "both, sender or receiver: whose captures saw it"),
 ])
 
-COLLECTIVE_CONCURRENCY = table("collective_concurrency", "stats", "one row per stretch of a rank's time with a "
+COLLECTIVE_CONCURRENCY = table("collective_concurrency", "stats", "stretch of a rank's time with a "
                                "constant number of collectives in flight", [
     ("capture", STR, "the rank's capture"),
     ("rank", I32, "the rank"),
@@ -219,7 +219,7 @@ COLLECTIVE_CONCURRENCY = table("collective_concurrency", "stats", "one row per s
     ("in_flight", I64, "collectives in flight (0: a gap, computation or idle)"),
 ])
 
-COLLECTIVE_OVERLAP = table("collective_overlap", "stats", "one row per rank: how much of its time collectives "
+COLLECTIVE_OVERLAP = table("collective_overlap", "stats", "rank: how much of its time collectives "
                            "take", [
     ("capture", STR, "the rank's capture"),
     ("rank", I32, "the rank"),

@@ -9,8 +9,9 @@ One naming scheme for every table:
 - a time point is in nanoseconds and has `ts` in its name: `ts_first_ns` / `ts_last_ns` for the first and
   last byte of a message (or start and end of anything with a duration), `<what>_ts_ns` for a named instant;
   durations end in their unit without `ts` (`total_ns`, `sync_overhead_us`, `iteration_s`);
-- sizes end in `_bytes` (or are `bytes`; issue 2's `frame_sizes` and `data_sizes` lists are bytes too), rates
-  in `_gb_per_s`, clock drift in `_ppm`; a name without a unit suffix is a count, an identifier or a label;
+- sizes end in `_bytes` (or are `bytes`), rates in `_gb_per_s`, clock drift in `_ppm`; names the issues'
+  contracts fixed with the unit inside (`frame_sizes`, `data_sizes`, `wire_bytes_sent`, ...) state their unit
+  in the column's `unit`; any other name without a unit suffix is a count, an identifier or a label;
 - a tensor is `tensor_key`, a ps-lite key `ps_key` (messages' `keys` lists them), ranks `rank` / `*_rank`;
 - integers stay integer where values are missing (null, never float), strings are `string` (never
   large_string or dictionary), and no column is null-typed, even in an empty table.
@@ -30,16 +31,18 @@ BOOL = pa.bool_()
 LIST_I64 = pa.list_(I64)
 LIST_U64 = pa.list_(U64)
 
-# name suffix -> unit, longest first (`_gb_per_s` before `_s`)
-UNIT_SUFFIXES = (("_gb_per_s", "GB/s"), ("_bytes", "bytes"), ("_ppm", "ppm"), ("_ns", "ns"), ("_us", "µs"),
-                 ("_s", "s"))
+# name suffix -> unit
+UNIT_SUFFIXES = (("_ns", "ns"), ("_us", "µs"), ("_s", "s"), ("_bytes", "bytes"), ("_gb_per_s", "GB/s"),
+                 ("_ppm", "ppm"))
 
 
 def unit_of(name: str) -> str:
     """The unit a column's name states ("" for a count, an identifier, a label or a ratio)."""
     if name == "bytes":
         return "bytes"
-    return next((unit for suffix, unit in UNIT_SUFFIXES if name.endswith(suffix)), "")
+    # the longest suffix that fits: `_gb_per_s` before `_s`
+    return max(((suffix, unit) for suffix, unit in UNIT_SUFFIXES if name.endswith(suffix)),
+               key=lambda found: len(found[0]), default=("", ""))[1]
 
 
 def type_name(data_type: pa.DataType) -> str:
@@ -59,8 +62,8 @@ class Column:
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table of the reference: its file (`<name>.parquet`), the command that writes it, one row per what,
-    and its columns in the order they are written."""
+    """One table of the reference: its file (`<name>.parquet`), the command that writes it, what one row is
+    (`description`), and its columns in the order they are written."""
 
     name: str
     command: str
@@ -105,8 +108,8 @@ def table(name: str, command: str, description: str, columns: list[tuple]) -> Ta
         Column(row[0], row[1], row[2], row[3] if len(row) > 3 else unit_of(row[0])) for row in columns))
 
 
-STREAMS = table("streams", "decode", "one row per TCP direction, and per non-TCP stream (RoCE: per source, "
-                "destination and destination queue pair)", [
+STREAMS = table("streams", "decode", "TCP direction, or non-TCP stream (RoCE: source, destination and "
+                "destination queue pair)", [
     ("flow_id", I64, "the stream's id, unique in the decode output (messages and zmtp name their stream by it)"),
     ("capture", STR, "the capture it was seen in: the input file's name without its extensions"),
     ("src_ip", STR, "source IP address"),
@@ -168,7 +171,7 @@ STREAMS = table("streams", "decode", "one row per TCP direction, and per non-TCP
                           "(NCCL 2.16 and later)"),
 ])
 
-ZMTP = table("zmtp", "decode", "one row per ZMTP message or command", [
+ZMTP = table("zmtp", "decode", "ZMTP message or command", [
     ("flow_id", I64, "the stream (streams.flow_id)"),
     ("capture", STR, "the capture it was seen in"),
     ("ts_first_ns", I64, "capture time of the packet carrying its first byte"),
@@ -179,7 +182,7 @@ ZMTP = table("zmtp", "decode", "one row per ZMTP message or command", [
     ("complete", BOOL, "every byte was captured"),
 ])
 
-MESSAGES = table("messages", "decode", "one row per application message seen in a capture (ps-lite, Gloo, "
+MESSAGES = table("messages", "decode", "application message seen in a capture (ps-lite, Gloo, "
                  "TCPStore, NCCL, RoCE; told apart by protocol)", [
     ("protocol", STR, "pslite, gloo, tcpstore, nccl_socket, nccl_bootstrap or roce"),
     ("capture", STR, "the capture it was seen in"),
@@ -270,7 +273,7 @@ MESSAGES = table("messages", "decode", "one row per application message seen in 
     ("nccl_proto", STR, "NCCL: LL, LL128 or Simple, from the first payload bytes (sockets and RoCE data writes)"),
 ])
 
-NODES = table("nodes", "decode", "one row per ps-lite node the scheduler announced", [
+NODES = table("nodes", "decode", "ps-lite node the scheduler announced", [
     ("node_id", I32, "ps-lite node id"),
     ("role", STR, "scheduler, server or worker"),
     ("rank", I32, "the node's rank among its role"),
@@ -278,7 +281,7 @@ NODES = table("nodes", "decode", "one row per ps-lite node the scheduler announc
     ("port", I32, "its port, as announced"),
 ])
 
-COLLECTIVES = table("collectives", "decode", "one row per collective operation seen in a capture (one rank's "
+COLLECTIVES = table("collectives", "decode", "collective operation seen in a capture (one rank's "
                     "view)", [
     ("protocol", STR, "gloo, nccl_socket or roce"),
     ("kind", STR, "all_reduce, all_to_all, broadcast, all_gather, reduce_scatter, reduce, gather, scatter, "
@@ -289,16 +292,16 @@ COLLECTIVES = table("collectives", "decode", "one row per collective operation s
     ("world_size", I32, "ranks in the group"),
     ("ts_first_ns", I64, "its first byte on this rank's wire (sent or received)"),
     ("ts_last_ns", I64, "its last byte on this rank's wire"),
-    ("wire_bytes_sent", I64, "bytes this rank sent for it, framing included"),
-    ("wire_bytes_received", I64, "bytes this rank received for it, framing included"),
+    ("wire_bytes_sent", I64, "bytes this rank sent for it, framing included", "bytes"),
+    ("wire_bytes_received", I64, "bytes this rank received for it, framing included", "bytes"),
     ("tensor_bytes", I64, "the tensor's size, recovered from the traffic through the algorithm's volume"),
     ("peers", LIST_I64, "ranks this rank exchanged data with"),
     ("algorithm", STR, "ring, tree, p2p, ... as the traffic shows it"),
     ("capture", STR, "the capture (rank) that saw it"),
     ("pg", STR, "Gloo: the process group"),
     ("local_rank", I32, "this rank (NCCL: from the CTS tags, the TCPStore or the ring chunk schedule)"),
-    ("payload_bytes_sent", I64, "payload bytes this rank sent for it"),
-    ("payload_bytes_received", I64, "payload bytes this rank received for it"),
+    ("payload_bytes_sent", I64, "payload bytes this rank sent for it", "bytes"),
+    ("payload_bytes_received", I64, "payload bytes this rank received for it", "bytes"),
     ("messages", I64, "messages it took at this rank"),
     ("complete", BOOL, "every message of it was captured whole"),
     ("local_address", STR, "NCCL: the host (IP address) whose operation the row is"),
@@ -329,7 +332,7 @@ def _side_columns(side: str, who: str) -> list[tuple]:
             (f"{side}_ts_last_ns", I64, f"last byte at the {who}, on that capture's clock")]
 
 
-EVENTS = table("events", "decode", "one row per message of the job, however many captures saw it, on the "
+EVENTS = table("events", "decode", "message of the job, however many captures saw it, on the "
                "reference clock (decoders/timeline.py)", [
     ("event_id", I64, "the message's id (the same whatever the clocks say)"),
     ("connection", STR, "src_ip:port>dst_ip:port, the same in every capture"),
@@ -348,7 +351,7 @@ EVENTS = table("events", "decode", "one row per message of the job, however many
     ("transit_ns", I64, "last byte received - last byte sent, when both ends saw it"),
 ])
 
-CLOCKS = table("clocks", "decode", "one row per capture: how to put its times on the reference capture's clock "
+CLOCKS = table("clocks", "decode", "capture: how to put its times on the reference capture's clock "
                "(decoders/clocks.py)", [
     ("capture", STR, "the capture"),
     ("reference", STR, "the reference capture (the same in every row)"),
