@@ -3,8 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-# chromium: the report's tests open it in a real browser (headless)
-APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 chromium
+# chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests
+APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
+	linux-headers-amd64 chromium
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps

@@ -28,6 +28,7 @@ from dlcsniff.analysis.operations import pslite_trace
 from dlcsniff.analysis.summary import Stats
 from dlcsniff.decoders.decode_run import Engine, decode_to_dir
 from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.inputs.selection import packet_selection
 from dlcsniff.decoders.output_dir import read_manifest
 
 # the order `dlcsniff decode` writes them in (decoders.output); others found in the directory follow, sorted
@@ -119,12 +120,16 @@ def load(path: str | Path) -> Decoded:
 
 
 def decode(captures: str | Path | Iterable[str | Path], out: str | Path, *, force: bool = False,
+           filter: str | None = None, start: str | None = None, end: str | None = None,
            engine: Engine = "pandas", workers: int | None = None, scheduler: str | None = None) -> Decoded:
     """`dlcsniff decode CAPTURES --out OUT`: decode every node's capture of one job (files, directories of
-    them, compressed or not) and open the result. Raises dlcsniff.CaptureError when an input cannot be read
-    and dlcsniff.OutputError when `out` cannot be used (another run's output: force=True replaces it)."""
+    them, compressed or not) and open the result; `filter`, `start`, `end` as decode's --filter, --start and
+    --end (a pcap filter expression; epoch seconds, ISO 8601 or "+5s"). Raises dlcsniff.CaptureError when an
+    input cannot be read (or the filter compiled), dlcsniff.OutputError when `out` cannot be used (another
+    run's output: force=True replaces it), ValueError for a window bound that is no time."""
     if isinstance(captures, (str, Path)):
         captures = [captures]
     run = decode_to_dir(captures, out, force=force, engine=engine, workers=workers, scheduler=scheduler,
+                        selection=packet_selection(filter, start, end),
                         command=["dlcsniff.decode", *map(str, captures)])
     return Decoded(run.out_dir)

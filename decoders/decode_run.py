@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
 from dlcsniff.decoders.inputs.capture_set import ProgressFn, expand_inputs
+from dlcsniff.decoders.inputs.selection import PacketSelection
 from dlcsniff.decoders.job import DecodedJob, decode_paths
 from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.output_dir import InputDigests, claim_output_dir
@@ -35,9 +36,11 @@ class DecodeRun:
 
 def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force: bool = False,
                   engine: Engine = "pandas", scheduler: str | None = None, workers: int | None = None,
-                  progress_total: Callable[[int], ProgressFn] | None = None,
+                  selection: PacketSelection | None = None,
+                  progress_total: Callable[[int | None], ProgressFn] | None = None,
                   command: Sequence[str] | None = None) -> DecodeRun:
-    """Decode the captures (files or directories of them: every node of one job) into out_dir.
+    """Decode the captures (files, directories of them, streams: every node of one job) into out_dir; with
+    `selection` (decoders.inputs.selection.packet_selection) only the packets it keeps.
 
     Raises CaptureError (an input cannot be read), OutputError (out_dir cannot be used or written) and, with
     engine="dask", ClusterError."""
@@ -51,9 +54,10 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
     began = time.monotonic()
     if engine == "dask":
         from dlcsniff.decoders.dask_decode import decode_paths_dask
-        dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
+        dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
+                                    selection=selection)
     else:
-        dataset = decode_paths(captures, progress_total=progress_total, workers=workers)
+        dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection)
     decoded = time.monotonic()
     # The tables, and one timeline for the job: a message seen at both ends becomes one event
     # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
