@@ -123,8 +123,8 @@ STREAMS = table("streams", "decode", "TCP direction, or non-TCP stream (RoCE: so
     ("missing_bytes", I64, "payload bytes of segments the capture never saw (holes)"),
     ("uncaptured_bytes", I64, "payload bytes of segments cut short by the snap length"),
     ("retransmitted_bytes", I64, "payload bytes seen again (retransmissions and overlaps)"),
-    ("protocol", STR, "who claimed it: zmtp, gloo, tcpstore, nccl_socket, nccl_bootstrap, nccl_proxy, "
-                      "nccl_ras, roce, or tcp / udp for nobody"),
+    ("protocol", STR, "who claimed it: pslite (ZMTP carrying ps-lite), zmtp (other ZMTP), gloo, tcpstore, "
+                      "nccl_socket, nccl_bootstrap, nccl_proxy, nccl_ras, nccl_ib_setup, roce; tcp: nobody"),
     ("zmtp_version", STR, "ZMTP version from the greeting, e.g. \"3.1\""),
     ("mechanism", STR, "ZMTP security mechanism: NULL, PLAIN, CURVE or GSSAPI"),
     ("socket_type", STR, "ZMTP Socket-Type property of the sender (e.g. DEALER)"),
@@ -157,12 +157,13 @@ STREAMS = table("streams", "decode", "TCP direction, or non-TCP stream (RoCE: so
     ("unmatched_responses", I64, "RoCE: READ responses without a request seen"),
     ("roce_version", I32, "RoCE: 1 (ethertype 0x8915) or 2 (UDP 4791)"),
     ("transport", STR, "RoCE: the transport of the opcodes seen (RC, UC, UD, ...)"),
-    ("path_mtu_bytes", I32, "RoCE: the path MTU, from the largest full packet's payload"),
+    ("path_mtu_bytes", I32, "RoCE: the path MTU: the payload of a FIRST or MIDDLE packet"),
     ("src_rank", I32, "NCCL: rank of the sending side, when known"),
     ("dst_rank", I32, "NCCL: rank of the receiving side, when known"),
     ("nccl_direction", STR, "NCCL over RoCE: cts (clear-to-send writes) or data"),
     ("nccl_setup_flow_id", I64, "NCCL over RoCE: flow_id of the TCP connection that set the queue pair up"),
-    ("nccl_socket_type", STR, "NCCL sockets: the connection's type from its handshake (net_socket, bootstrap)"),
+    ("nccl_socket_type", STR, "NCCL sockets: the connection's type from its handshake (bootstrap, proxy, "
+                              "net_socket, ras)"),
     ("nccl_magic", STR, "NCCL sockets: the handshake's magic number, hexadecimal"),
     ("nccl_socket_index", I32, "NCCL socket transport: the socket's index in its connection (nsocks = control)"),
     ("nccl_nsocks", I32, "NCCL socket transport: data sockets of the connection"),
@@ -237,7 +238,7 @@ MESSAGES = table("messages", "decode", "application message seen in a capture (p
     ("local_rank", I32, "Gloo: rank of the capture's own process in the group"),
     ("peer_rank", I32, "Gloo: rank at the other end; NCCL bootstrap: the sender's rank"),
     ("peer_address", STR, "Gloo: address:port at the other end"),
-    ("outgoing", BOOL, "sent by the capture's own host (null: unknown)"),
+    ("outgoing", BOOL, "Gloo: sent by the capture's own process or host (null: unknown)"),
     ("world_size", I32, "Gloo, TCPStore: ranks in the group"),
     ("pg", STR, "Gloo: the process group's store prefix"),
     ("store_query", STR, "TCPStore: the query (SET, GET, ADD, WAIT, ...)"),
@@ -248,9 +249,10 @@ MESSAGES = table("messages", "decode", "application message seen in a capture (p
     ("store_number", I64, "TCPStore: the number a query carries or returns (ADD amount or result, ...)"),
     ("local_world_size", I32, "torchelastic's rendezvous in the store: processes on the node (role_info/<node>; "
                               "src_rank is then the node's base rank, world_size from assigned_ranks/<node>)"),
-    ("rdma_op", STR, "RoCE: SEND, SEND_IMM, WRITE, WRITE_IMM, READ"),
+    ("rdma_op", STR, "RoCE: SEND, SEND_IMM, WRITE, WRITE_IMM, READ, ATOMIC"),
     ("dest_qp", I64, "RoCE: destination queue pair"),
-    ("imm", I64, "RoCE: immediate data (NCCL data writes: the bytes sent)"),
+    ("imm", I64, "RoCE: immediate data, read big-endian (NCCL data writes: the bytes sent, in the sender's "
+                 "host order; nccl_bytes has them)"),
     ("va", U64, "RoCE: the RDMA virtual address"),
     ("rkey", I64, "RoCE: the remote key"),
     ("nccl_role", STR, "RoCE: cts, data, or null (not NCCL's)"),

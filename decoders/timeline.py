@@ -165,7 +165,8 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     clocks = estimate_clocks(delay_samples(events), captures, reference, spans)
     for side in SIDES:
         for edge in ("first", "last"):
-            events[f"{side}_ts_{edge}_aligned_ns"] = align(events[f"{side}_ts_{edge}_ns"], events[f"{side}_capture"], clocks)
+            events[f"{side}_ts_{edge}_aligned_ns"] = align(events[f"{side}_ts_{edge}_ns"], events[f"{side}_capture"],
+                                                           clocks)
     seen_first = align(observer["ts_first_ns"].reindex(ids), events["observer_capture"], clocks)
     seen_last = align(observer["ts_last_ns"].reindex(ids), events["observer_capture"], clocks)
     events["ts_first_ns"] = events["send_ts_first_aligned_ns"].fillna(events["recv_ts_first_aligned_ns"]).fillna(

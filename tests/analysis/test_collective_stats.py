@@ -265,7 +265,8 @@ def test_communication_and_gaps_per_rank_against_a_plain_sweep(stats, recorded):
         covered, doubled = _sweep_union(list(zip(mine["ts_first_ns"], mine["ts_last_ns"])))
         row = overlap.loc[rank]
         assert (row["communication_ns"], row["concurrent_ns"]) == (covered, doubled)
-        assert row["communication_ns"] + row["gap_ns"] == row["wall_ns"] == mine["ts_last_ns"].max() - mine["ts_first_ns"].min()
+        wall = mine["ts_last_ns"].max() - mine["ts_first_ns"].min()
+        assert row["communication_ns"] + row["gap_ns"] == row["wall_ns"] == wall
         assert row["communication_fraction"] == pytest.approx(covered / row["wall_ns"])
     # The one call that ran several Gloo operations at once, a reduce_scatter of a list (one all-reduce per
     # tag), holds most of the time with two or more in flight: from the first rank's call (peers' messages
@@ -464,7 +465,8 @@ def test_stats_and_report_of_a_job_with_both(mixed_dir, stats, tmp_path):
     aligned = pd.read_parquet(tmp_path / "stats" / "collective_ranks.parquet").set_index(["op", "rank"])
     raw = stats.ranks.set_index(["op", "rank"]).loc[aligned.index]
     offset = aligned.index.get_level_values("rank").to_numpy() * 1_000_000
-    assert (aligned["ts_first_ns"] - raw["ts_first_ns"] == offset).all() and (aligned["ts_last_ns"] - raw["ts_last_ns"] == offset).all()
+    for edge in ("ts_first_ns", "ts_last_ns"):
+        assert (aligned[edge] - raw[edge] == offset).all()
     shifted = aligned.groupby(level="op")["ts_first_ns"].agg(lambda s: s.max() - s.min())
     operations = pd.read_parquet(tmp_path / "stats" / "collective_stats.parquet").set_index("op")
     assert (operations.loc[shifted.index, "start_skew_ns"] == shifted).all()

@@ -185,7 +185,8 @@ def test_editcap_shifted_captures_are_aligned_back(tmp_path_factory, original):
         assert ((correction + raw).abs() <= clocks.loc[name, "error_bound_ns"] + PCAP_RESOLUTION_NS).all()
     # the aligned times are what the unshifted captures give (the estimate is shift-equivariant: to the
     # rounding of a nanosecond)
-    for column in ("send_ts_first_aligned_ns", "send_ts_last_aligned_ns", "recv_ts_first_aligned_ns", "recv_ts_last_aligned_ns"):
+    for column in ("send_ts_first_aligned_ns", "send_ts_last_aligned_ns", "recv_ts_first_aligned_ns",
+                   "recv_ts_last_aligned_ns"):
         error = (events[column] - events[f"{column}_original"]).abs()
         assert error.max() <= TOLERANCE_NS and error.max() <= 2
     # and so every analysis sees them: the messages as loaded for the statistics are on the one timeline
