@@ -117,10 +117,10 @@ def request_latency(events: pd.DataFrame) -> pd.DataFrame:
         values = pd.array(pairs[column], dtype="Int64")
         return values.to_numpy(dtype=np.int64, na_value=0), ~values.isna()
 
-    (w_first, has_w_first) = times("send_ts_first_aligned_ns")
-    (w_last, has_w_last) = times("send_ts_last_aligned_ns")
-    (s_first, has_s_first) = times("recv_ts_first_aligned_ns")
-    (s_last, has_s_last) = times("recv_ts_last_aligned_ns")
+    w_first, has_w_first = times("send_ts_first_aligned_ns")
+    w_last, has_w_last = times("send_ts_last_aligned_ns")
+    s_first, has_s_first = times("recv_ts_first_aligned_ns")
+    s_last, has_s_last = times("recv_ts_last_aligned_ns")
     (s_reply, has_s_reply), (s_reply_last, has_s_reply_last) = (times("send_ts_first_aligned_ns_response"),
                                                               times("send_ts_last_aligned_ns_response"))
     w_reply_last, has_w_reply_last = times("recv_ts_last_aligned_ns_response")

@@ -21,8 +21,8 @@ from dlcsniff.analysis.latency import JobStats
 from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
 from dlcsniff.analysis.overheads import key_overheads
-from dlcsniff.analysis.stats_schema import STATS_TABLES
 from dlcsniff.analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
+from dlcsniff.analysis.stats_schema import STATS_TABLES
 
 
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",
