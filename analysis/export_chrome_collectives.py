@@ -9,8 +9,9 @@
   one row per message, both ends' times on the job's one clock) as a slice at each end a capture saw,
   named "<kind> #<seq>", with its opcode and payload bytes; a flow from the send to the receipt of every
   message seen at both ends.
-Messages whose ranks the decoder could not tell (TCPStore's, a connection set up before the capture) have no
-track: they are counted in the losses.
+An end whose rank the message does not name (NCCL over RoCE names the sender in data writes, the receiver in
+CTS writes) is the rank of the capture that saw it. Messages whose ranks stay unknown (TCPStore's, a
+connection set up before the capture) have no track: they are counted in the losses.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ OPERATIONS_TID = 0
 EVENT_READ_COLUMNS = ("protocol", "pg", "collective", "seq", "opcode", "src_rank", "dst_rank", "size_bytes",
                       "payload_bytes", "complete", "send_capture", "recv_capture", "send_ts_first_aligned_ns",
                       "send_ts_last_aligned_ns", "recv_ts_first_aligned_ns", "recv_ts_last_aligned_ns")
-COLLECTIVE_PROTOCOLS = ("gloo", "nccl")
+COLLECTIVE_PROTOCOLS = ("gloo", "nccl_socket", "roce")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +55,11 @@ def _messages(decode_dir: Path) -> pd.DataFrame:
 
 def _process_names(ranks: pd.DataFrame) -> dict[tuple[str, int], tuple[int, str]]:
     """(pg, rank) → (pid, name): the default group's ranks as "rank r", other groups' with their name."""
-    groups = sorted(ranks["pg"].dropna().unique())
+    groups = sorted(ranks["pg"].unique())
     out = {}
     for index, (pg, rank) in enumerate(sorted(set(zip(ranks["pg"], ranks["rank"])),
                                               key=lambda k: (groups.index(k[0]), k[1]))):
-        name = f"rank {rank}" if len(groups) == 1 else f"rank {rank} ({pg})"
+        name = f"rank {rank}" if len(groups) == 1 else f"rank {rank} ({pg or 'no group named'})"
         out[(pg, int(rank))] = (COLLECTIVE_PID_BASE + index, name)
     return out
 
@@ -87,6 +88,14 @@ def collective_part(decode_dir: str | Path) -> CollectivePart | None:
     collectives = load_collectives(decode_dir)
     operations = collectives.collectives if collectives is not None else None
     messages = _messages(decode_dir)
+    if operations is not None and len(operations):
+        # an end the message does not name a rank for is the rank of the capture that saw it (NCCL over RoCE
+        # names the sender in its data writes and the receiver in its CTS writes only)
+        rank_of = operations.dropna(subset=["local_rank"]).drop_duplicates("capture").set_index("capture")[
+            "local_rank"]
+        for side, column in (("send", "src_rank"), ("recv", "dst_rank")):
+            seen = messages[f"{side}_capture"].astype(object).map(rank_of)
+            messages[column] = messages[column].astype("Float64").fillna(seen.astype("Float64"))
     ranked = messages["src_rank"].notna().to_numpy(bool) & messages["dst_rank"].notna().to_numpy(bool)
     losses = {"collective_messages_without_ranks": int((~ranked).sum())}
     messages = messages[ranked].reset_index(drop=True)
@@ -94,6 +103,9 @@ def collective_part(decode_dir: str | Path) -> CollectivePart | None:
         return None
     operations = operations if operations is not None else pd.DataFrame(columns=["pg", "local_rank"])
     operations = operations[operations["local_rank"].notna().to_numpy(bool)]
+    # NCCL names no process group: its ranks are the job's, under one name ""
+    operations = operations.assign(pg=operations["pg"].astype(object).where(operations["pg"].notna(), ""))
+    messages = messages.assign(pg=messages["pg"].astype(object).where(messages["pg"].notna(), ""))
     sightings = _sightings(messages)
     ranks = pd.concat([pd.DataFrame({"pg": operations["pg"].to_numpy(object),
                                      "rank": operations["local_rank"].to_numpy(np.int64)}),

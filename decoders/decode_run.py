@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 from dlcsniff.decoders.inputs.capture_set import ProgressFn, expand_inputs
 from dlcsniff.decoders.inputs.selection import PacketSelection
-from dlcsniff.decoders.job import DecodedJob, decode_paths
+from dlcsniff.decoders.job import DecodedJob, decode_paths, prepare_inputs
 from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.output_dir import InputDigests, claim_output_dir
 
@@ -49,6 +49,8 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
         raise ValueError(f"engine must be 'pandas' or 'dask', not {engine!r}")
     if scheduler is not None and engine != "dask":
         raise ValueError("a scheduler needs engine='dask'")
+    if selection is not None:
+        prepare_inputs(captures, selection)         # a filter that does not compile fails before anything is made
     out_dir = claim_output_dir(Path(out_dir), captures, force=force)
     digests = InputDigests([file for capture in expand_inputs(captures) for file in capture.files])
     began = time.monotonic()

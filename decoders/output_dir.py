@@ -93,11 +93,13 @@ class InputDigests:
 
     @staticmethod
     def _digest(path: Path) -> str | None:
+        if not path.is_file():
+            return None                      # a stream (stdin, a fifo): reading it here would take its bytes
         try:
             with open(path, "rb") as f:
                 return hashlib.file_digest(f, "sha256").hexdigest()
         except OSError:
-            return None                      # a stream (stdin, a fifo) or a file gone: no digest
+            return None                      # a file gone: no digest
 
     def result(self) -> list[dict]:
         out = []

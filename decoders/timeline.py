@@ -4,9 +4,10 @@
 sender's and at its receiver's. Here the observations of one message become one event:
 
 - Observations are the same message when they travel on the same connection (its address 4-tuple is the
-  same at both ends) with the same identity (its protocol; for ps-lite the request/push/pull/simple_app
-  flags, timestamp, app, customer, control command and head; for Gloo the opcode; for TCPStore the query),
-  and are the n-th such message on it in each capture. Every protocol's messages take part: ps-lite's, the
+  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity (its
+  protocol; for ps-lite the request/push/pull/simple_app flags, timestamp, app, customer, control command
+  and head; for Gloo the opcode; for TCPStore the query), and are the n-th such message on it in each
+  capture. Every protocol's messages take part: ps-lite's, the
   collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
 - An observation is the send side when its capture is the sender's own capture, the receive side when it is
   the receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
@@ -19,12 +20,13 @@ sender's and at its receiver's. Here the observations of one message become one 
   capture, else the capture rank 0 sends from, else the first capture by name.
 
 events.parquet (EVENT_COLUMNS), one row per message of the job:
-- its protocol and fields, from an observation that saw it whole if there is one (a capture hole may have cut it short in
-  one capture and not in its peer's), and of those from the send side's, else the receive side's, else an
-  observer's (message_row: that observation's row in messages.parquet); `complete`: every capture that saw
-  it saw it whole;
+- its protocol and fields, from an observation that saw it whole if there is one (a capture hole may have
+  cut it short in one capture and not in its peer's), and of those from the send side's, else the receive
+  side's, else an observer's (message_row: that observation's row in messages.parquet); `complete`: every
+  capture that saw it saw it whole;
 - send_capture, send_ts_first_ns, send_ts_last_ns and recv_capture, recv_ts_first_ns, recv_ts_last_ns: where
-  and when each end saw it, in that capture's own clock; observer_capture; observations (how many captures saw it);
+  and when each end saw it, in that capture's own clock; observer_capture; observations (how many captures
+  saw it);
 - the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
   byte seen) and ts_last_ns (last byte received, else last byte seen), aligned; transit_ns = last byte
   received - last byte sent, aligned, when both ends saw it.
@@ -44,7 +46,7 @@ from dlcsniff.decoders.vantage import capture_hosts, vantage_points
 IDENTITY = ("protocol", "request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id",
             "control_cmd", "head", "opcode", "store_query")
 MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing") + ATTRIBUTES
-STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port")
+STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "dest_qp")
 NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
 EVENT_COLUMNS = EVENTS.names
@@ -60,9 +62,15 @@ class JobView:
 
 
 def connection_names(streams: pd.DataFrame) -> pd.Series:
-    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), the same in every capture that saw it."""
-    return (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
-            + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
+    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), "src_ip>dst_ip#qp<n>" of a RoCE queue pair's
+    (its destination QP: streams without ports), the same in every capture that saw it."""
+    tcp = (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
+           + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
+    if "dest_qp" not in streams:
+        return tcp
+    qp = streams["src_ip"].astype(str) + ">" + streams["dst_ip"].astype(str) + "#qp" + streams["dest_qp"].astype(
+        "Int64").astype(str)
+    return tcp.where(streams["src_port"].notna() | streams["dest_qp"].isna(), qp)
 
 
 def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:

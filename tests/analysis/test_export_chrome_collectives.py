@@ -131,3 +131,32 @@ def test_the_collective_job_in_the_other_views(decoded_job, tmp_path):
                                  str(tmp_path / "et")])
     assert chakra.exit_code == 0, chakra.output
     assert len(list((tmp_path / "et").glob("*.et"))) == len(RANKS)
+
+
+@pytest.mark.parametrize("run", ["ring2", "tree2"])
+def test_real_nccl_over_roce_from_elsewhere(run, tmp_path):
+    """The real NCCL 2.20.5 jobs over Soft-RoCE in pcaps/realcaps (3 ranks, one capture each; README there):
+    each rank ran a barrier (an all_reduce of one byte) and a 6144-float all_reduce, as its NCCL log says. The
+    data writes name their sender and the CTS writes their receiver: the other end is the capture's rank."""
+    from dlcsniff.decoders.decode_run import decode_to_dir
+    captures = sorted((PCAPS / "realcaps" / "softroce-tutorial" / "nccl").glob(f"{run}_node*.pcap.gz"))
+    decode_to_dir(captures, tmp_path / "decoded")
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "decoded"), "--format", "chrome", "--out",
+                                      str(tmp_path / "trace.json")])
+    assert result.exit_code == 0, result.output
+    opened = open_trace(tmp_path / "trace.json")
+    assert sorted(opened.process_names.values()) == ["rank 0", "rank 1", "rank 2"]
+    for pid in opened.process_names:
+        operations = sorted(opened.slices[(pid, 0)], key=lambda s: s.start_ns)
+        assert [(s.event["name"], s.event["args"]["tensor_bytes"]) for s in operations] == [
+            ("all_reduce", 1), ("all_reduce", 24576)]
+    events = pq.read_table(tmp_path / "decoded" / "events.parquet").to_pandas()
+    roce = events[events["protocol"] == "roce"]
+    # every RDMA message was captured by its sender's host and its receiver's: one event seen at both ends
+    assert len(roce) and roce["send_capture"].notna().all() and roce["recv_capture"].notna().all()
+    assert len(opened.flows) == len(roce)
+    for ends in opened.flows.values():
+        sent, received = enclosing(opened, ends["s"]), enclosing(opened, ends["f"])
+        assert sent and received and sent.event["args"]["size_bytes"] == received.event["args"]["size_bytes"]
+    for (pid, tid), slices in opened.slices.items():
+        assert slices_nest(slices), opened.thread_names[(pid, tid)]

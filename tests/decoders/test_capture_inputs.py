@@ -263,9 +263,9 @@ def test_a_pipe_into_decode_dash(tmp_path):
 def test_stdin_and_a_fifo_through_the_cli(whole, tmp_path):
     expected, _ = _tables([whole])
     runner = CliRunner()
-    for source in (whole.read_bytes(), subprocess.run([require_tool("zstd"), "-c", str(whole)], check=True,
-                                                        capture_output=True).stdout):
-        result = runner.invoke(app, ["decode", "-", "--out", str(tmp_path / "stdin"), "--json"], input=source)
+    for name, source in (("plain", whole.read_bytes()), ("zstd", subprocess.run(
+            [require_tool("zstd"), "-c", str(whole)], check=True, capture_output=True).stdout)):
+        result = runner.invoke(app, ["decode", "-", "--out", str(tmp_path / name), "--json"], input=source)
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["packets"] == 2796
     fifo = tmp_path / "worker0"
@@ -353,8 +353,8 @@ def test_time_window_keeps_what_tshark_keeps(whole, tmp_path):
     start_s, end_s = origin + 0.2, origin + 0.72
     expected = sum(start_s <= t < end_s for t in epochs)
     runner = CliRunner()
-    for start, end in ((f"{start_s:.6f}", f"{end_s:.6f}"), ("+0.2s", "+720ms")):
-        result = runner.invoke(app, ["decode", str(whole), "--out", str(tmp_path / "w"), "--json",
+    for index, (start, end) in enumerate(((f"{start_s:.6f}", f"{end_s:.6f}"), ("+0.2s", "+720ms"))):
+        result = runner.invoke(app, ["decode", str(whole), "--out", str(tmp_path / f"w{index}"), "--json",
                                      "--start", start, "--end", end])
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
