@@ -82,7 +82,7 @@ ELEMENT_BYTES = (1, 2, 4, 8)                     # the element sizes a slice may
 MAX_WORLD_SIZE = 1024                            # bound on the world sizes tried from the steps alone
 PROTOCOLS = ("roce", "nccl_socket")
 
-# Columns of collectives.parquet this module fills (decoders.schema.COLLECTIVES_SCHEMA).
+# Columns of collectives.parquet this module fills (decoders.schema.COLLECTIVES).
 OUTPUT_COLUMNS = ("protocol", "kind", "seq", "world_size", "ts_first_ns", "ts_last_ns", "wire_bytes_sent",
                   "wire_bytes_received", "tensor_bytes", "peers", "algorithm", "capture", "pg", "local_rank",
                   "payload_bytes_sent", "payload_bytes_received", "messages", "complete", "local_address",
