@@ -11,7 +11,7 @@ RUN_CAPTURE ?= pcaps/mxnet_sync
 BYTEPS_BUILD := build/byteps
 BYTEPS_APT_PACKAGES := libzmq3-dev g++ make python3-dev
 
-.PHONY: run test bench setup sys workloads byteps pcaps clean
+.PHONY: run test bench setup sys workloads byteps pcaps schema clean
 
 setup: sys $(VENV)/.installed
 
@@ -66,6 +66,11 @@ run: setup
 
 test: setup workloads
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+# SCHEMA.md, the reference of every table, from decoders/schema.py and analysis/stats_schema.py (a test holds
+# the committed file to what this writes)
+schema: setup
+	$(VENV)/bin/dlcsniff schema --markdown > SCHEMA.md
 
 bench: setup workloads
 	$(VENV)/bin/python -m tests.bench

@@ -3,7 +3,7 @@ each rank's time its collectives take.
 
 Inputs are a decoded job's collectives.parquet (one row per operation per capture, each capture being one
 rank's vantage point) and the collective libraries' messages (analysis.load.load_collectives). A rank's
-`start_ns` / `end_ns` for an operation are the first and last byte of that operation's messages on its wire
+`ts_first_ns` / `ts_last_ns` for an operation are the first and last byte of that operation's messages on its wire
 (sent or received): a peer's early message can open it before the rank called the library, and its own last
 send can still be leaving after the call returned. A point-to-point send and its receive, seen at both ends,
 are one operation of kind "send_recv".
@@ -52,6 +52,8 @@ import pandas as pd
 
 from dlcsniff.analysis.load import CollectiveDataset, load_collectives
 from dlcsniff.analysis.describe import describe, human_bytes
+from dlcsniff.analysis.stats_schema import (COLLECTIVE_CONCURRENCY, COLLECTIVE_OVERLAP, COLLECTIVE_RANKS,
+                                            COLLECTIVE_STATS, COLLECTIVE_TRAFFIC)
 
 P2P_KINDS = ("send", "recv")
 SEND_RECV = "send_recv"
@@ -59,23 +61,11 @@ RING_FACTOR_KINDS = ("all_gather", "reduce_scatter", "all_to_all", "gather", "sc
 UNIT_FACTOR_KINDS = ("broadcast", "reduce", SEND_RECV)
 NO_RANK = -1
 OPERATION_KEY = ["protocol", "pg", "kind", "seq", "src_rank", "dst_rank"]
-OPERATION_COLUMNS = (
-    "op", *OPERATION_KEY, "world_size", "ranks_seen", "algorithm", "size_bytes", "start_ns", "end_ns", "time_ns",
-    "rank_time_mean_ns", "bus_factor", "algbw_gb_per_s", "busbw_gb_per_s", "start_skew_ns", "end_skew_ns",
-    "wire_bytes", "complete",
-)
-RANK_COLUMNS = (
-    "op", "protocol", "pg", "kind", "seq", "capture", "rank", "algorithm", "size_bytes", "start_ns", "end_ns",
-    "time_ns", "algbw_gb_per_s", "busbw_gb_per_s", "start_lag_ns", "end_lag_ns", "wire_bytes_sent",
-    "wire_bytes_received", "messages", "complete",
-)
-TRAFFIC_COLUMNS = ("protocol", "pg", "kind", "seq", "src_rank", "dst_rank", "payload_bytes", "wire_bytes", "messages",
-                   "seen_at")
-CONCURRENCY_COLUMNS = ("capture", "rank", "start_ns", "end_ns", "in_flight")
-OVERLAP_COLUMNS = (
-    "capture", "rank", "first_ns", "last_ns", "wall_ns", "communication_ns", "gap_ns", "gaps", "longest_gap_ns",
-    "concurrent_ns", "collective_ns", "communication_fraction", "concurrent_fraction",
-)
+OPERATION_COLUMNS = COLLECTIVE_STATS.names
+RANK_COLUMNS = COLLECTIVE_RANKS.names
+TRAFFIC_COLUMNS = COLLECTIVE_TRAFFIC.names
+CONCURRENCY_COLUMNS = COLLECTIVE_CONCURRENCY.names
+OVERLAP_COLUMNS = COLLECTIVE_OVERLAP.names
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +135,14 @@ def operation_statistics(collectives: pd.DataFrame) -> tuple[pd.DataFrame, pd.Da
     grouped = rows.groupby(OPERATION_KEY, sort=True, dropna=False)
     operations = grouped.agg(
         world_size=("world_size", "max"), ranks_seen=("capture", "nunique"), algorithm=("algorithm", "first"),
-        size_bytes=("tensor_bytes", "median"), start_ns=("ts_first_ns", "min"), end_ns=("ts_last_ns", "max"),
+        size_bytes=("tensor_bytes", "median"), ts_first_ns=("ts_first_ns", "min"), ts_last_ns=("ts_last_ns", "max"),
         last_start_ns=("ts_first_ns", "max"), first_end_ns=("ts_last_ns", "min"),
         rank_time_mean_ns=("time_ns", "mean"), wire_bytes=("wire_bytes_sent", "sum"), complete=("complete", "all"),
     ).reset_index()
     operations["size_bytes"] = operations["size_bytes"].round().astype("Int64")     # null: size unknown
     size = operations["size_bytes"].to_numpy(np.float64, na_value=np.nan)
     operations["op"] = _operation_names(operations)
-    operations["time_ns"] = operations["end_ns"] - operations["start_ns"]
+    operations["time_ns"] = operations["ts_last_ns"] - operations["ts_first_ns"]
     # a send_recv's group is its two ends, whatever the process group's size
     group_size = np.where(operations["kind"] == SEND_RECV, 2,
                           operations["world_size"].to_numpy(np.float64, na_value=np.nan))
@@ -162,27 +152,27 @@ def operation_statistics(collectives: pd.DataFrame) -> tuple[pd.DataFrame, pd.Da
     # skew needs two ranks at least
     alone = operations["ranks_seen"].to_numpy() < 2
     operations["start_skew_ns"] = pd.arrays.IntegerArray(
-        (operations["last_start_ns"] - operations["start_ns"]).to_numpy(np.int64), alone)
+        (operations["last_start_ns"] - operations["ts_first_ns"]).to_numpy(np.int64), alone)
     operations["end_skew_ns"] = pd.arrays.IntegerArray(
-        (operations["end_ns"] - operations["first_end_ns"]).to_numpy(np.int64), alone.copy())
+        (operations["ts_last_ns"] - operations["first_end_ns"]).to_numpy(np.int64), alone.copy())
 
     which = grouped.ngroup().to_numpy()
     taken = lambda column: operations[column].to_numpy()[which]  # noqa: E731
     ranks = pd.DataFrame({
         "op": taken("op"), **{name: rows[name].to_numpy() for name in ("protocol", "pg", "kind", "seq", "capture",
                                                                           "rank", "algorithm")},
-        "size_bytes": operations["size_bytes"].array.take(which), "start_ns": rows["ts_first_ns"].to_numpy(),
-        "end_ns": rows["ts_last_ns"].to_numpy(), "time_ns": rows["time_ns"].to_numpy(),
+        "size_bytes": operations["size_bytes"].array.take(which), "ts_first_ns": rows["ts_first_ns"].to_numpy(),
+        "ts_last_ns": rows["ts_last_ns"].to_numpy(), "time_ns": rows["time_ns"].to_numpy(),
         "algbw_gb_per_s": bandwidth_gb_per_s(size[which], rows["time_ns"]),
-        "start_lag_ns": rows["ts_first_ns"].to_numpy() - taken("start_ns"),
+        "start_lag_ns": rows["ts_first_ns"].to_numpy() - taken("ts_first_ns"),
         "end_lag_ns": rows["ts_last_ns"].to_numpy() - taken("first_end_ns"),
         **{name: rows[name].to_numpy() for name in ("wire_bytes_sent", "wire_bytes_received", "messages",
                                                     "complete")},
     })
     ranks.insert(ranks.columns.get_loc("start_lag_ns"), "busbw_gb_per_s",
                  ranks["algbw_gb_per_s"] * taken("bus_factor"))
-    operations = operations.sort_values(["start_ns", "op"], ignore_index=True)
-    ranks = ranks.sort_values(["start_ns", "capture"], ignore_index=True)
+    operations = operations.sort_values(["ts_first_ns", "op"], ignore_index=True)
+    ranks = ranks.sort_values(["ts_first_ns", "capture"], ignore_index=True)
     return operations[list(OPERATION_COLUMNS)], ranks[list(RANK_COLUMNS)]
 
 
@@ -226,7 +216,7 @@ def concurrency(ranks: pd.DataFrame) -> pd.DataFrame:
     events = pd.DataFrame({
         "capture": np.concatenate([ranks["capture"].to_numpy(object)] * 2),
         "rank": np.tile(ranks["rank"].to_numpy(np.int64), 2),
-        "ts_ns": np.concatenate([ranks["start_ns"].to_numpy(np.int64), ranks["end_ns"].to_numpy(np.int64)]),
+        "ts_ns": np.concatenate([ranks["ts_first_ns"].to_numpy(np.int64), ranks["ts_last_ns"].to_numpy(np.int64)]),
         "change": np.repeat(np.array([1, -1], dtype=np.int64), len(ranks)),
     })
     # at one instant, ends before starts: back-to-back collectives do not overlap
@@ -234,16 +224,16 @@ def concurrency(ranks: pd.DataFrame) -> pd.DataFrame:
     events["in_flight"] = events.groupby("capture", sort=False)["change"].cumsum()
     # a segment runs from an event to the next of the same rank
     capture, ts = events["capture"].to_numpy(object), events["ts_ns"].to_numpy(np.int64)
-    events["end_ns"] = np.append(ts[1:], 0)
+    events["ts_last_ns"] = np.append(ts[1:], 0)
     followed = np.append(capture[1:] == capture[:-1], False)
-    segments = events[followed & (events["end_ns"].to_numpy() > ts)].rename(columns={"ts_ns": "start_ns"})
+    segments = events[followed & (events["ts_last_ns"].to_numpy() > ts)].rename(columns={"ts_ns": "ts_first_ns"})
     # one row per run of equal in_flight (a collective ending as another starts leaves the count unchanged)
     capture, in_flight = segments["capture"].to_numpy(object), segments["in_flight"].to_numpy()
     new_run = np.ones(len(segments), dtype=bool)
     new_run[1:] = (capture[1:] != capture[:-1]) | (in_flight[1:] != in_flight[:-1])
     runs = segments.groupby(np.cumsum(new_run), sort=False).agg(
-        capture=("capture", "first"), rank=("rank", "first"), start_ns=("start_ns", "first"),
-        end_ns=("end_ns", "last"), in_flight=("in_flight", "first"))
+        capture=("capture", "first"), rank=("rank", "first"), ts_first_ns=("ts_first_ns", "first"),
+        ts_last_ns=("ts_last_ns", "last"), in_flight=("in_flight", "first"))
     return runs.reset_index(drop=True)[list(CONCURRENCY_COLUMNS)]
 
 
@@ -251,7 +241,7 @@ def communication_overlap(ranks: pd.DataFrame, segments: pd.DataFrame) -> pd.Dat
     """OVERLAP_COLUMNS per rank: wall time (first collective start → last end), the time with at least one
     collective in flight (communication_ns, the union of its collectives), the gaps between (none in
     flight: computation or idle), the time with two or more (concurrent_ns), and the summed durations."""
-    length = (segments["end_ns"] - segments["start_ns"]).to_numpy(np.int64)
+    length = (segments["ts_last_ns"] - segments["ts_first_ns"]).to_numpy(np.int64)
     in_flight = segments["in_flight"].to_numpy()
     parts = pd.DataFrame({
         "capture": segments["capture"].to_numpy(object),
@@ -261,12 +251,12 @@ def communication_overlap(ranks: pd.DataFrame, segments: pd.DataFrame) -> pd.Dat
     }).groupby("capture").agg(communication_ns=("communication_ns", "sum"), gap_ns=("gap_ns", "sum"),
                               gaps=("gaps", "sum"), longest_gap_ns=("longest_gap_ns", "max"),
                               concurrent_ns=("concurrent_ns", "sum"))
-    per_rank = ranks.groupby("capture").agg(rank=("rank", "first"), first_ns=("start_ns", "min"),
-                                            last_ns=("end_ns", "max"), collective_ns=("time_ns", "sum"))
+    per_rank = ranks.groupby("capture").agg(rank=("rank", "first"), ts_first_ns=("ts_first_ns", "min"),
+                                            ts_last_ns=("ts_last_ns", "max"), collective_ns=("time_ns", "sum"))
     overlap = per_rank.join(parts).fillna(0).reset_index()
     overlap = overlap.astype({name: np.int64 for name in ("communication_ns", "gap_ns", "gaps", "longest_gap_ns",
                                                           "concurrent_ns")})
-    overlap["wall_ns"] = overlap["last_ns"] - overlap["first_ns"]
+    overlap["wall_ns"] = overlap["ts_last_ns"] - overlap["ts_first_ns"]
     overlap["communication_fraction"] = _ratio(overlap["communication_ns"], overlap["wall_ns"])
     overlap["concurrent_fraction"] = _ratio(overlap["concurrent_ns"], overlap["communication_ns"])
     return overlap.sort_values(["rank", "capture"], ignore_index=True)[list(OVERLAP_COLUMNS)]

@@ -27,8 +27,8 @@ from dlcsniff.analysis.load import load_collectives, read_columns
 COLLECTIVE_PID_BASE = 1 << 20          # above any ps-lite node id
 OPERATIONS_TID = 0
 EVENT_READ_COLUMNS = ("protocol", "pg", "collective", "seq", "opcode", "src_rank", "dst_rank", "size_bytes",
-                      "payload_bytes", "complete", "send_capture", "recv_capture", "send_first_aligned_ns",
-                      "send_last_aligned_ns", "recv_first_aligned_ns", "recv_last_aligned_ns")
+                      "payload_bytes", "complete", "send_capture", "recv_capture", "send_ts_first_aligned_ns",
+                      "send_ts_last_aligned_ns", "recv_ts_first_aligned_ns", "recv_ts_last_aligned_ns")
 COLLECTIVE_PROTOCOLS = ("gloo", "nccl_socket", "roce")
 
 
@@ -74,8 +74,8 @@ def _sightings(messages: pd.DataFrame) -> pd.DataFrame:
         sides.append(pd.DataFrame({
             "message": np.flatnonzero(seen), "is_send": side == "send", "pg": part["pg"].to_numpy(object),
             "rank": part[rank].to_numpy(np.int64), "peer": part[peer].to_numpy(np.int64),
-            "first_ns": part[f"{side}_first_aligned_ns"].to_numpy(np.int64),
-            "last_ns": part[f"{side}_last_aligned_ns"].to_numpy(np.int64),
+            "first_ns": part[f"{side}_ts_first_aligned_ns"].to_numpy(np.int64),
+            "last_ns": part[f"{side}_ts_last_aligned_ns"].to_numpy(np.int64),
             "capture": part[f"{side}_capture"].astype(str).to_numpy(object)}))
     return pd.concat(sides, ignore_index=True).sort_values(["first_ns", "is_send"], ascending=[True, False],
                                                            kind="stable", ignore_index=True)

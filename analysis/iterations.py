@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dlcsniff.analysis.stats_schema import ITERATIONS
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, ROLE_WORKER, SLOT_PULL_REQUEST, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Trace,
 )
 
-ITERATION_COLUMNS = ("worker_rank", "iteration", "start_ts_ns", "phase1_s", "phase2_s", "phase3_s",
-                     "computation_s", "communication_s", "iteration_s", "overlap_ratio", "wait_s", "vantage")
+ITERATION_COLUMNS = ITERATIONS.names
 
 
 def worker_iterations(trace: Trace) -> pd.DataFrame:

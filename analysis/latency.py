@@ -48,18 +48,16 @@ from dlcsniff.analysis.load import load_job_view, read_columns
 from dlcsniff.decoders.timeline import JobView, connection_names
 from dlcsniff.decoders.vantage import capture_hosts
 from dlcsniff.analysis.describe import describe
+from dlcsniff.analysis.stats_schema import CONNECTIONS, IN_FLIGHT, KEY_UPDATES, REQUESTS
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
                 "unsplit_ns")
-REQUEST_COLUMNS = ("worker_id", "server_id", "kind", "tensor_key", "customer_id", "ps_timestamp", "req_type",
-                   "request_bytes", "response_bytes", "connection", "view", "ts_first_ns", "total_ns",
-                   *PART_COLUMNS, "clock_fix_us")
-IN_FLIGHT_COLUMNS = ("connection", "worker_id", "server_id", "ts_ns", "in_flight")
-CONNECTION_COLUMNS = ("connection", "src_ip", "src_port", "dst_ip", "dst_port", "capture", "at_connector",
-                      "syn_ts_ns", "handshake_rtt_ns", "setup_ns", "attempt", "refused", "since_previous_ns")
-KEY_UPDATE_COLUMNS = ("ps_key", "req_type", "updates")
+REQUEST_COLUMNS = REQUESTS.names
+IN_FLIGHT_COLUMNS = IN_FLIGHT.names
+CONNECTION_COLUMNS = CONNECTIONS.names
+KEY_UPDATE_COLUMNS = KEY_UPDATES.names
 VIEWS = ("both", "worker", "server")
-STREAM_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "first_ts_ns", "last_ts_ns",
+STREAM_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns",
                   "bytes", "syn_seen", "rst_seen", "reverse_flow_id")
 ZMTP_COLUMNS = ("flow_id", "ts_first_ns", "command")
 TOP_SHARE = 0.01
@@ -119,11 +117,13 @@ def request_latency(events: pd.DataFrame) -> pd.DataFrame:
         values = pd.array(pairs[column], dtype="Int64")
         return values.to_numpy(dtype=np.int64, na_value=0), ~values.isna()
 
-    (w_first, has_w_first), (w_last, has_w_last) = times("send_first_aligned_ns"), times("send_last_aligned_ns")
-    (s_first, has_s_first), (s_last, has_s_last) = times("recv_first_aligned_ns"), times("recv_last_aligned_ns")
-    (s_reply, has_s_reply), (s_reply_last, has_s_reply_last) = (times("send_first_aligned_ns_response"),
-                                                              times("send_last_aligned_ns_response"))
-    w_reply_last, has_w_reply_last = times("recv_last_aligned_ns_response")
+    w_first, has_w_first = times("send_ts_first_aligned_ns")
+    w_last, has_w_last = times("send_ts_last_aligned_ns")
+    s_first, has_s_first = times("recv_ts_first_aligned_ns")
+    s_last, has_s_last = times("recv_ts_last_aligned_ns")
+    (s_reply, has_s_reply), (s_reply_last, has_s_reply_last) = (times("send_ts_first_aligned_ns_response"),
+                                                              times("send_ts_last_aligned_ns_response"))
+    w_reply_last, has_w_reply_last = times("recv_ts_last_aligned_ns_response")
     worker = has_w_first & has_w_last & has_w_reply_last & (w_reply_last >= w_last)
     server = (has_s_first & has_s_last & has_s_reply & has_s_reply_last
               & (s_reply >= s_last) & (s_reply_last >= s_reply))
@@ -208,18 +208,18 @@ def connection_setup(streams: pd.DataFrame, zmtp: pd.DataFrame, clocks: pd.DataF
                             suffixes=("", "_reverse"))
     # the direction whose first packet (the SYN) precedes the other's (the SYN-ACK or RST)
     forward = forward[forward["syn_seen"].fillna(False).to_numpy(bool)
-                      & (forward["first_ts_ns"] < forward["first_ts_ns_reverse"])].copy()
+                      & (forward["ts_first_ns"] < forward["ts_first_ns_reverse"])].copy()
     forward["connection"] = connection_names(forward).to_numpy()
     hosts = capture_hosts(streams)
     forward["at_connector"] = forward["capture"].map(hosts).eq(forward["src_ip"]).to_numpy(bool)
     messages = zmtp[zmtp["command"].isna()].groupby("flow_id")["ts_first_ns"].min().astype("Int64")
     first_message = pd.concat([messages.reindex(forward["flow_id"]).reset_index(drop=True),
                                messages.reindex(forward["flow_id_reverse"]).reset_index(drop=True)], axis=1).min(axis=1)
-    forward["setup_ns"] = (first_message - forward["first_ts_ns"].to_numpy(np.int64)).to_numpy()
-    forward = forward.sort_values(["connection", "at_connector", "first_ts_ns"], ascending=[True, False, True])
+    forward["setup_ns"] = (first_message - forward["ts_first_ns"].to_numpy(np.int64)).to_numpy()
+    forward = forward.sort_values(["connection", "at_connector", "ts_first_ns"], ascending=[True, False, True])
     one = forward.drop_duplicates("connection").copy()
-    one["syn_ts_ns"] = align(one["first_ts_ns"], one["capture"], clocks)
-    one["last_ts_aligned"] = align(np.maximum(one["last_ts_ns"], one["last_ts_ns_reverse"]), one["capture"], clocks)
+    one["syn_ts_ns"] = align(one["ts_first_ns"], one["capture"], clocks)
+    one["last_ts_aligned"] = align(np.maximum(one["ts_last_ns"], one["ts_last_ns_reverse"]), one["capture"], clocks)
     one = one.sort_values(["src_ip", "dst_ip", "dst_port", "syn_ts_ns"], ignore_index=True)
     peer = ["src_ip", "dst_ip", "dst_port"]
     one["attempt"] = one.groupby(peer).cumcount()
@@ -228,7 +228,7 @@ def connection_setup(streams: pd.DataFrame, zmtp: pd.DataFrame, clocks: pd.DataF
         "connection": one["connection"], "src_ip": one["src_ip"], "src_port": one["src_port"],
         "dst_ip": one["dst_ip"], "dst_port": one["dst_port"], "capture": one["capture"],
         "at_connector": one["at_connector"], "syn_ts_ns": one["syn_ts_ns"],
-        "handshake_rtt_ns": (one["first_ts_ns_reverse"] - one["first_ts_ns"]).astype("Int64"),
+        "handshake_rtt_ns": (one["ts_first_ns_reverse"] - one["ts_first_ns"]).astype("Int64"),
         "setup_ns": one["setup_ns"].astype("Int64"),
         "attempt": one["attempt"].astype(np.int32),
         "refused": (one["rst_seen_reverse"].fillna(False) & (one["bytes"] + one["bytes_reverse"]).eq(0)).to_numpy(bool),
@@ -236,10 +236,12 @@ def connection_setup(streams: pd.DataFrame, zmtp: pd.DataFrame, clocks: pd.DataF
     })[list(CONNECTION_COLUMNS)]
 
 
-def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray) -> pd.DataFrame:
-    """Updates per ps key (KEY_UPDATE_COLUMNS) from push requests' key and lens lists (one entry per push
-    request event). A key whose lens entry is 0 carries no values (a row-sparse push's master key, a
-    compressed push's dummy key) and is not an update."""
+def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray, tensor_key: np.ndarray
+                ) -> pd.DataFrame:
+    """Updates per ps key (KEY_UPDATE_COLUMNS) from push requests' key and lens lists, request types and
+    tensors (one entry per push request event). A key whose lens entry is 0 carries no values (a row-sparse
+    push's master key, a compressed push's dummy key) and is not an update. A row-sparse tensor's ps keys
+    are its rows: one tensor_key, many ps keys."""
     flat_keys = pc.list_flatten(keys).to_numpy(zero_copy_only=False)
     owner = pc.list_parent_indices(keys).to_numpy(zero_copy_only=False)
     lens_per_push = pc.list_value_length(lens).fill_null(0).to_numpy(zero_copy_only=False)
@@ -252,9 +254,12 @@ def key_updates(keys: pa.ListArray, lens: pa.ListArray, req_type: np.ndarray) ->
         # lens lists that match their keys list entry for entry, in the same flattened order
         matched = with_lens[lens_owner]
         carries[with_lens[owner]] = lens_flat[matched] > 0
-    frame = pd.DataFrame({"ps_key": flat_keys[carries], "req_type": np.asarray(req_type, dtype=object)[owner[carries]]})
-    table = frame.groupby(["ps_key", "req_type"], dropna=False).size().rename("updates").reset_index()
-    return table.sort_values("updates", ascending=False, kind="stable", ignore_index=True)
+    pushes = owner[carries]
+    frame = pd.DataFrame({"ps_key": flat_keys[carries], "req_type": np.asarray(req_type, dtype=object)[pushes],
+                          "tensor_key": pd.array(tensor_key, dtype="Int64")[pushes]})
+    table = frame.groupby(["ps_key", "req_type"], dropna=False).agg(
+        tensor_key=("tensor_key", "first"), updates=("tensor_key", "size")).reset_index()
+    return table.sort_values("updates", ascending=False, kind="stable", ignore_index=True)[list(KEY_UPDATE_COLUMNS)]
 
 
 def update_skew(updates: pd.Series | np.ndarray) -> dict | None:
@@ -330,7 +335,7 @@ def job_statistics(decode_dir: str | Path) -> JobStats:
     lists = pq.read_table(decode_dir / "messages.parquet", columns=["keys", "lens"]).take(
         pa.array(push["message_row"].to_numpy(np.int64)))
     keys = key_updates(lists.column("keys").combine_chunks(), lists.column("lens").combine_chunks(),
-                       push["req_type"].to_numpy(object))
+                       push["req_type"].to_numpy(object), push["tensor_key"].to_numpy())
     summary = job_summary(view, requests, in_flight, connections, keys)
     pslite = len(view.events) > 0
     if not pslite:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dlcsniff.analysis.stats_schema import KEYS
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, ROLE_SERVER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace,
 )
 
-KEY_COLUMNS = ("server_rank", "tensor_key", "iteration", "size_bytes", "sync_overhead_us", "update_overhead_us",
-               "search_overhead_us", "pushes", "pulls", "vantage")
+KEY_COLUMNS = KEYS.names
 
 
 def key_overheads(trace: Trace) -> pd.DataFrame:

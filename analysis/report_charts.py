@@ -149,7 +149,8 @@ def collective_timeline_chart(collectives: CollectiveStats) -> dict:
     crowded = collectives.concurrency[collectives.concurrency["in_flight"] > 1]
     operations = {
         "name": "collective", "height": 0.6, "outline": True,
-        "columns": {"x0": _values((spans["start_ns"] - origin) * 1e-6), "x1": _values((spans["end_ns"] - origin) * 1e-6),
+        "columns": {"x0": _values((spans["ts_first_ns"] - origin) * 1e-6),
+                    "x1": _values((spans["ts_last_ns"] - origin) * 1e-6),
                     "lane": spans["lane"].tolist(), "color": _codes(spans["kind"], kinds),
                     "op": list(range(len(spans))), "rank": spans["rank"].tolist(),
                     "size": _values(spans["size_bytes"], 0), "took": _values(spans["time_ns"] * 1e-6),
@@ -161,12 +162,13 @@ def collective_timeline_chart(collectives: CollectiveStats) -> dict:
     }
     overlapping = {
         "name": "2+ collectives in flight", "height": 0.12, "offset": 0.4,
-        "columns": {"x0": _values((crowded["start_ns"] - origin) * 1e-6), "x1": _values((crowded["end_ns"] - origin) * 1e-6),
+        "columns": {"x0": _values((crowded["ts_first_ns"] - origin) * 1e-6),
+                    "x1": _values((crowded["ts_last_ns"] - origin) * 1e-6),
                     "lane": lane_of.reindex(crowded["capture"]).tolist(), "color": [len(kinds)] * len(crowded),
                     "in_flight": crowded["in_flight"].tolist()},
         "tip": [_field("from", "x0", "ms"), _field("to", "x1", "ms"), _field("collectives in flight", "in_flight", "count")],
     }
-    end = float((spans["end_ns"].max() - origin) * 1e-6)
+    end = float((spans["ts_last_ns"].max() - origin) * 1e-6)
     return {"type": "timeline", "title": "collectives per rank", "x_range": _padded(0.0, end), "x_format": "ms",
             "x_label": "ms since the first collective started",
             "lanes": [{"label": label, "group": "ranks", "head": False} for label in lanes["label"]],

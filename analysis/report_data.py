@@ -206,7 +206,7 @@ def collective_rank_spans(collectives: CollectiveStats) -> tuple[pd.DataFrame, p
                       for rank, share in zip(lanes["rank"], fraction)]
     lane_of = pd.Series(lanes.index, index=lanes["capture"])
     spans = ranks.assign(lane=lane_of.reindex(ranks["capture"]).to_numpy())
-    return lanes, spans, int(ranks["start_ns"].min())
+    return lanes, spans, int(ranks["ts_first_ns"].min())
 
 
 def barrier_position(sizes: np.ndarray) -> float:

@@ -328,11 +328,12 @@ def collective_timeline_figure(collectives: CollectiveStats) -> Figure:
     figure = Figure(figsize=(13, 1.6 + 0.7 * len(lanes)))
     axis = figure.subplots()
     for kind, mine in spans.groupby("kind", sort=True):
-        axis.barh(mine["lane"], (mine["time_ns"] / 1e6).to_numpy(), left=((mine["start_ns"] - origin) / 1e6).to_numpy(),
+        axis.barh(mine["lane"], (mine["time_ns"] / 1e6).to_numpy(),
+                  left=((mine["ts_first_ns"] - origin) / 1e6).to_numpy(),
                   height=0.6, color=kind_color(kind), alpha=0.75, edgecolor="black", linewidth=0.3, label=kind)
     crowded = segments[segments["in_flight"] > 1]
-    axis.barh(lane_of.reindex(crowded["capture"]).to_numpy() + 0.38, ((crowded["end_ns"] - crowded["start_ns"])
-              / 1e6).to_numpy(), left=((crowded["start_ns"] - origin) / 1e6).to_numpy(), height=0.1, color="black",
+    axis.barh(lane_of.reindex(crowded["capture"]).to_numpy() + 0.38, ((crowded["ts_last_ns"] - crowded["ts_first_ns"])
+              / 1e6).to_numpy(), left=((crowded["ts_first_ns"] - origin) / 1e6).to_numpy(), height=0.1, color="black",
               label="2+ collectives in flight")
     axis.set_yticks(range(len(lanes)), lanes["label"], fontsize=8)
     axis.invert_yaxis()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from dlcsniff.analysis.collective_stats import CollectiveStats
 from dlcsniff.analysis.describe import describe, human_bytes
@@ -21,6 +22,7 @@ from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
 from dlcsniff.analysis.overheads import key_overheads
 from dlcsniff.analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
+from dlcsniff.analysis.stats_schema import STATS_TABLES
 
 
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",
@@ -134,14 +136,15 @@ def summary_json(stats: Stats) -> str:
 
 
 def write_stats(stats: Stats, out_dir: str | Path) -> list[Path]:
-    """STATSDIR/<table>.parquet for every table, and STATSDIR/summary.json."""
+    """STATSDIR/<table>.parquet for every table (in its schema: analysis.stats_schema), and
+    STATSDIR/summary.json."""
     out_dir = Path(out_dir)
     written = []
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, table in stats.tables().items():
             path = out_dir / f"{name}.parquet"
-            table.to_parquet(path, index=False)
+            pq.write_table(STATS_TABLES[name].from_frame(table), path)
             written.append(path)
         path = out_dir / "summary.json"
         path.write_text(summary_json(stats) + "\n")

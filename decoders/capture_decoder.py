@@ -34,7 +34,7 @@ from dlcsniff.decoders.tcp_driver import BatchDecoder
 PREFIX_BYTES = 64
 # Pieces of one capture further apart than this are reported (a rotation itself loses no time).
 GAP_WARN_NS = 1_000_000_000
-TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "first_ts_ns", "last_ts_ns", "packets",
+TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns", "packets",
                       "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
                       "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
 
@@ -69,7 +69,7 @@ class CaptureResult:
     parse_stats: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     bulk_packets: int = 0                      # TCP packets the batch decoder applied in bulk
-    files: list[dict] = field(default_factory=list)     # path, packets, first_ts_ns, last_ts_ns of each file read
+    files: list[dict] = field(default_factory=list)     # path, packets, ts_first_ns, ts_last_ns of each file read
     packets_decoded: int = 0                   # the packets a selection (filter, time window) kept: all without one
     first_ts_ns: int | None = None             # the capture's first and last packet (read, selected or not)
     last_ts_ns: int | None = None
@@ -242,8 +242,8 @@ class CaptureDecoder:
             cols["src_port"].append(sport)
             cols["dst_ip"].append(ip_to_str(dst))
             cols["dst_port"].append(dport)
-            cols["first_ts_ns"].append(info.first_ts_ns)
-            cols["last_ts_ns"].append(info.last_ts_ns)
+            cols["ts_first_ns"].append(info.first_ts_ns)
+            cols["ts_last_ns"].append(info.last_ts_ns)
             cols["packets"].append(info.packets)
             cols["bytes"].append(info.bytes)
             cols["missing_bytes"].append(info.missing_bytes)
@@ -304,8 +304,8 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
                 packets += reader.packets
                 bytes_read += reader.bytes_read
                 warnings += reader.warnings
-                files.append({"path": str(file), "packets": reader.packets, "first_ts_ns": first_ts_ns,
-                              "last_ts_ns": last_ts_ns})
+                files.append({"path": str(file), "packets": reader.packets, "ts_first_ns": first_ts_ns,
+                              "ts_last_ns": last_ts_ns})
     finally:
         if selector is not None:
             selector.close()
@@ -318,7 +318,7 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
             if stats.unknown_linktype == packets:
                 raise CaptureError(f"{path}: {exc}") from None
             warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
-    spans = [(f["first_ts_ns"], f["last_ts_ns"]) for f in files if f["first_ts_ns"] is not None]
+    spans = [(f["ts_first_ns"], f["ts_last_ns"]) for f in files if f["ts_first_ns"] is not None]
     return CaptureResult(
         capture=capture.name, path=str(path), tables=tables, counts=counts, unclaimed_udp=dict(dec.unclaimed_udp),
         unclaimed_packets=dec.unclaimed_packets, packets=packets, bytes_read=bytes_read,
@@ -334,9 +334,9 @@ def piece_warnings(capture: str, files: list[dict]) -> list[str]:
     """A capture read from several files: where one file's packets end long before the next one's start
     (more than GAP_WARN_NS: a piece missing?), or go on after they start (pieces overlapping)."""
     warnings = []
-    spans = [f for f in files if f["first_ts_ns"] is not None]
+    spans = [f for f in files if f["ts_first_ns"] is not None]
     for before, after in zip(spans, spans[1:]):
-        apart_ns = after["first_ts_ns"] - before["last_ts_ns"]
+        apart_ns = after["ts_first_ns"] - before["ts_last_ns"]
         names = f"{Path(before['path']).name} and {Path(after['path']).name}"
         if apart_ns > GAP_WARN_NS:
             warnings.append(f"{capture}: no packets for {apart_ns / 1e9:.3f} s between {names} (a piece missing?)")

@@ -25,9 +25,9 @@ Every capture is then aligned to one reference (the scheduler's capture if there
 along the shortest-path tree over the pairs weighted by their bounds, composing the pairs' affine maps;
 bounds add up along the path. In clocks.parquet (CLOCK_COLUMNS):
 
-    aligned_ns = ts_ns + offset_ns + round(drift_ppm * 1e-6 * (ts_ns - epoch_ns))
+    aligned_ns = ts_ns + offset_ns + round(drift_ppm * 1e-6 * (ts_ns - epoch_ts_ns))
 
-with one epoch_ns for the whole table. Both offset_ns and drift_ppm are corrections (added): a capture whose
+with one epoch_ts_ns for the whole table. Both offset_ns and drift_ppm are corrections (added): a capture whose
 clock runs 20 ppm fast gets drift_ppm ~ -20. A capture linked to the reference by no pair with samples in
 both directions keeps its own clock (offset 0, drift 0, error_bound_ns null, aligned false).
 """
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-CLOCK_COLUMNS = ("capture", "reference", "aligned", "via", "offset_ns", "drift_ppm", "epoch_ns", "error_bound_ns",
-                 "consistent", "messages_used", "samples_from_via", "samples_to_via")
+from dlcsniff.decoders.schema import CLOCKS
+
+CLOCK_COLUMNS = CLOCKS.names
 SAMPLE_COLUMNS = ("send_capture", "send_ts_ns", "recv_capture", "recv_ts_ns")
 MAX_DRIFT_PPM = 1000.0        # a clock off by more than 0.1 % is broken; no fit goes beyond
 BISECTION_STEPS = 48          # the slope to ~1e-17: a tenth of a nanosecond over a day
@@ -240,7 +241,7 @@ def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str |
         via, used = (None, (0, 0)) if capture not in parent else (parent[capture][0], _samples_via(
             pairs.iloc[parent[capture][1]], capture))
         rows.append({"capture": capture, "reference": reference, "aligned": linked, "via": via,
-                     "offset_ns": int(round(k)), "drift_ppm": (m - 1.0) * 1e6, "epoch_ns": epoch_ns,
+                     "offset_ns": int(round(k)), "drift_ppm": (m - 1.0) * 1e6, "epoch_ts_ns": epoch_ns,
                      "error_bound_ns": bound, "consistent": consistent, "messages_used": (used[0] + used[1]) // 2,
                      "samples_from_via": used[0], "samples_to_via": used[1]})
     table = pd.DataFrame(rows, columns=list(CLOCK_COLUMNS))
@@ -264,7 +265,7 @@ def align(ts_ns: np.ndarray | pd.Series, capture: np.ndarray | pd.Series,
     names = pd.Series(capture, dtype=object).astype(str).to_numpy()
     offset = table["offset_ns"].reindex(names).fillna(0).to_numpy(np.int64)
     drift = table["drift_ppm"].reindex(names).fillna(0.0).to_numpy(np.float64)
-    epoch = int(table["epoch_ns"].iloc[0]) if len(table) else 0
+    epoch = int(table["epoch_ts_ns"].iloc[0]) if len(table) else 0
     raw = ts.to_numpy(dtype=np.int64, na_value=epoch)
     shifted = raw + offset + np.rint(drift * 1e-6 * (raw - epoch).astype(np.float64)).astype(np.int64)
     return pd.arrays.IntegerArray(shifted, ts.isna().copy())

@@ -60,12 +60,12 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
     from dlcsniff.decoders.nccl_collectives import collective_columns
     from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, STREAMS_SCHEMA, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES, STREAMS, table_from_columns
 
     streams = _concat(results, "streams")
     messages = _concat(results, "messages")
     # a capture with no ps-lite at all (or no capture at all) still has every column
-    for table, schema in ((streams, STREAMS_SCHEMA), (messages, MESSAGES_SCHEMA)):
+    for table, schema in ((streams, STREAMS), (messages, MESSAGES)):
         rows = len(table.get("capture", ()))
         for name in schema.names:
             table.setdefault(name, [None] * rows)
@@ -127,7 +127,7 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     return {
         "captures": [
             {"capture": r.capture, "path": r.path, "packets": r.packets, "packets_decoded": r.packets_decoded,
-             "non_tcp_packets": r.non_tcp_packets, "first_ts_ns": r.first_ts_ns, "last_ts_ns": r.last_ts_ns,
+             "non_tcp_packets": r.non_tcp_packets, "ts_first_ns": r.first_ts_ns, "ts_last_ns": r.last_ts_ns,
              "files": r.files, "warnings": r.warnings, "parse": r.parse_stats,
              "undecoded_messages": r.counts.get("undecoded_messages", 0)}
             for r in results

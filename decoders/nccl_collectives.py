@@ -82,7 +82,7 @@ ELEMENT_BYTES = (1, 2, 4, 8)                     # the element sizes a slice may
 MAX_WORLD_SIZE = 1024                            # bound on the world sizes tried from the steps alone
 PROTOCOLS = ("roce", "nccl_socket")
 
-# Columns of collectives.parquet this module fills (decoders.schema.COLLECTIVES_SCHEMA).
+# Columns of collectives.parquet this module fills (decoders.schema.COLLECTIVES).
 OUTPUT_COLUMNS = ("protocol", "kind", "seq", "world_size", "ts_first_ns", "ts_last_ns", "wire_bytes_sent",
                   "wire_bytes_received", "tensor_bytes", "peers", "algorithm", "capture", "pg", "local_rank",
                   "payload_bytes_sent", "payload_bytes_received", "messages", "complete", "local_address",
@@ -743,7 +743,7 @@ def infer_collectives(messages: pd.DataFrame, streams: pd.DataFrame) -> list[dic
 
 
 _MESSAGE_COLUMNS = ("protocol", "capture", "flow_id", "src_ip", "dst_ip", "dest_qp", "psn", "size_bytes", "complete",
-                    "ts_first_ns", "ts_last_ns", "va", "nccl_role", "nccl_tag", "nccl_fifo_idx", "nccl_sizes",
+                    "ts_first_ns", "ts_last_ns", "va", "nccl_role", "nccl_tag", "nccl_fifo_idx", "nccl_sizes_bytes",
                     "nccl_addrs", "nccl_seq", "nccl_proto", "payload_bytes", "head_crc32", "src_rank",
                     "world_size", "local_world_size")
 _STREAM_COLUMNS = ("capture", "flow_id", "src_ip", "dst_ip", "nccl_setup_flow_id")

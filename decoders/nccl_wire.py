@@ -101,7 +101,7 @@ def roce_wire(messages: pd.DataFrame, streams: pd.DataFrame) -> Wire:
     cts_flow: dict[tuple, int] = {}
     for row in cts.itertuples(index=False):
         key = (row.capture, row.dst_ip, row.src_ip, int(row.dest_qp))
-        sizes = list(row.nccl_sizes) if row.nccl_sizes is not None else []
+        sizes = list(row.nccl_sizes_bytes) if row.nccl_sizes_bytes is not None else []
         addrs = {int(a) for a in row.nccl_addrs} if row.nccl_addrs is not None else set()
         grants[key][int(row.nccl_fifo_idx)] = (sum(sizes) if sizes else None, addrs, int(row.ts_first_ns))
         cts_flow[key] = row.flow_id
@@ -122,7 +122,7 @@ def roce_wire(messages: pd.DataFrame, streams: pd.DataFrame) -> Wire:
         rows = rows.sort_values("psn", kind="stable")
         for idx, group in rows.groupby("nccl_fifo_idx", sort=True):
             # multi-receive (nreqs > 1): plain writes, then a WRITE_WITH_IMM of the sizes array
-            payload = group[group["nccl_sizes"].map(lambda v: v is None or len(v) == 0)]
+            payload = group[group["nccl_sizes_bytes"].map(lambda v: v is None or len(v) == 0)]
             size = int(payload["size_bytes"].sum())
             grant = entries.get(int(idx))
             proto = payload["nccl_proto"].iloc[0] if len(payload) else None

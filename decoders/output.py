@@ -1,7 +1,8 @@
 """A decode output directory, written in one place: the tables, the job's timeline, its clocks and a manifest.
 
-    streams.parquet zmtp.parquet messages.parquet nodes.parquet collectives.parquet   (decoders.schema)
+    streams.parquet zmtp.parquet messages.parquet nodes.parquet collectives.parquet
     events.parquet  clocks.parquet     the job's messages once each, on one clock (decoders.timeline)
+                    (every table's schema and columns: decoders.schema)
     manifest.json   which dlcsniff, which command and inputs made it, the tables with their row counts,
                     and what building the timeline lost (decoders.output_dir; also in each file's metadata)
 
@@ -13,10 +14,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dlcsniff.decoders.output_dir import METADATA_KEY, OutputError, manifest, write_manifest
+from dlcsniff.decoders.schema import CLOCKS, EVENTS
 from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
 
 if TYPE_CHECKING:
@@ -40,8 +41,7 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: list[dict
                     dataset.tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
     summary = job_view_summary(view)
     tables = {**dataset.tables,
-              "events": pa.Table.from_pandas(view.events, preserve_index=False),
-              "clocks": pa.Table.from_pandas(view.clocks, preserve_index=False)}
+              "events": EVENTS.from_frame(view.events), "clocks": CLOCKS.from_frame(view.clocks)}
     content = manifest("decode", inputs=inputs or [], command=command,
                        files={f"{name}.parquet": {"rows": table.num_rows} for name, table in tables.items()},
                        job_view={"events": summary["events"], "losses": summary["losses"],

@@ -24,8 +24,9 @@ events.parquet (EVENT_COLUMNS), one row per message of the job:
   cut it short in one capture and not in its peer's), and of those from the send side's, else the receive
   side's, else an observer's (message_row: that observation's row in messages.parquet); `complete`: every
   capture that saw it saw it whole;
-- send_capture, send_first_ns, send_last_ns and recv_capture, recv_first_ns, recv_last_ns: where and when
-  each end saw it, in that capture's own clock; observer_capture; observations (how many captures saw it);
+- send_capture, send_ts_first_ns, send_ts_last_ns and recv_capture, recv_ts_first_ns, recv_ts_last_ns: where
+  and when each end saw it, in that capture's own clock; observer_capture; observations (how many captures
+  saw it);
 - the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
   byte seen) and ts_last_ns (last byte received, else last byte seen), aligned; transit_ns = last byte
   received - last byte sent, aligned, when both ends saw it.
@@ -39,23 +40,16 @@ import pandas as pd
 
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
 from dlcsniff.decoders.protocols.pslite import SCHEDULER_ID
+from dlcsniff.decoders.schema import EVENT_ATTRIBUTES as ATTRIBUTES, EVENTS
 from dlcsniff.decoders.vantage import capture_hosts, vantage_points
 
 IDENTITY = ("protocol", "request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id",
             "control_cmd", "head", "opcode", "store_query")
-ATTRIBUTES = ("protocol", "sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull",
-              "simple_app", "ps_timestamp", "head", "app_id", "customer_id", "control_cmd", "size_bytes",
-              "tensor_key", "server_rank", "req_type", "dtype", "rows", "simple_app_cmd", "barrier_group", "flavor",
-              "complete", "pg", "collective", "seq", "opcode", "store_query", "src_rank", "dst_rank",
-              "payload_bytes")
 MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing") + ATTRIBUTES
 STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "dest_qp")
 NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
-EVENT_COLUMNS = (("event_id", "connection", "message_row") + ATTRIBUTES + (
-    "send_capture", "send_first_ns", "send_last_ns", "recv_capture", "recv_first_ns", "recv_last_ns",
-    "observer_capture", "observations", "send_first_aligned_ns", "send_last_aligned_ns", "recv_first_aligned_ns",
-    "recv_last_aligned_ns", "ts_first_ns", "ts_last_ns", "transit_ns"))
+EVENT_COLUMNS = EVENTS.names
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +117,9 @@ def delay_samples(events: pd.DataFrame) -> pd.DataFrame:
                   & (events["send_capture"].astype(str) != events["recv_capture"].astype(str))]
     whole = both[both["complete"].to_numpy(bool)]
     frames = [pd.DataFrame({"send_capture": part["send_capture"].astype(str).to_numpy(),
-                            "send_ts_ns": part[f"send_{edge}_ns"].to_numpy(np.int64),
+                            "send_ts_ns": part[f"send_ts_{edge}_ns"].to_numpy(np.int64),
                             "recv_capture": part["recv_capture"].astype(str).to_numpy(),
-                            "recv_ts_ns": part[f"recv_{edge}_ns"].to_numpy(np.int64)})
+                            "recv_ts_ns": part[f"recv_ts_{edge}_ns"].to_numpy(np.int64)})
               for part, edge in ((both, "first"), (whole, "last"))]
     return pd.concat(frames, ignore_index=True)[list(SAMPLE_COLUMNS)]
 
@@ -166,8 +160,8 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     for side in SIDES:
         seen = sides[side].reindex(ids)
         events[f"{side}_capture"] = seen["capture"].to_numpy(object)
-        events[f"{side}_first_ns"] = seen["ts_first_ns"].array
-        events[f"{side}_last_ns"] = seen["ts_last_ns"].array
+        events[f"{side}_ts_first_ns"] = seen["ts_first_ns"].array
+        events[f"{side}_ts_last_ns"] = seen["ts_last_ns"].array
     events["observer_capture"] = observer["capture"].reindex(ids).to_numpy(object)
     events["observations"] = np.bincount(obs["event_id"].to_numpy(), minlength=n_events)
     # whole only if every capture that saw it saw it whole (the last byte is then the same at each)
@@ -179,14 +173,15 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     clocks = estimate_clocks(delay_samples(events), captures, reference, spans)
     for side in SIDES:
         for edge in ("first", "last"):
-            events[f"{side}_{edge}_aligned_ns"] = align(events[f"{side}_{edge}_ns"], events[f"{side}_capture"], clocks)
+            events[f"{side}_ts_{edge}_aligned_ns"] = align(events[f"{side}_ts_{edge}_ns"], events[f"{side}_capture"],
+                                                           clocks)
     seen_first = align(observer["ts_first_ns"].reindex(ids), events["observer_capture"], clocks)
     seen_last = align(observer["ts_last_ns"].reindex(ids), events["observer_capture"], clocks)
-    events["ts_first_ns"] = events["send_first_aligned_ns"].fillna(events["recv_first_aligned_ns"]).fillna(
+    events["ts_first_ns"] = events["send_ts_first_aligned_ns"].fillna(events["recv_ts_first_aligned_ns"]).fillna(
         pd.Series(seen_first))
-    events["ts_last_ns"] = events["recv_last_aligned_ns"].fillna(events["send_last_aligned_ns"]).fillna(
+    events["ts_last_ns"] = events["recv_ts_last_aligned_ns"].fillna(events["send_ts_last_aligned_ns"]).fillna(
         pd.Series(seen_last))
-    events["transit_ns"] = events["recv_last_aligned_ns"] - events["send_last_aligned_ns"]
+    events["transit_ns"] = events["recv_ts_last_aligned_ns"] - events["send_ts_last_aligned_ns"]
     for column in ("send_capture", "recv_capture", "observer_capture", "connection", "protocol"):
         events[column] = events[column].astype("category")
     losses = {

@@ -738,6 +738,6 @@ def _message_row(stream_id: int, message: GlooMessage, context: dict) -> dict:
         "ts_last_ns": message.ts_last_ns, "size_bytes": preamble.nbytes, "complete": message.complete,
         "opcode": preamble.opcode.name, "slot": preamble.slot, "collective": kind,
         "seq": slot.tag if kind not in (P2P, None) else None, "tag": slot.tag, "slot_delta": slot.delta,
-        "offset": preamble.offset, "length": preamble.length, "roffset": preamble.roffset,
+        "offset_bytes": preamble.offset, "length_bytes": preamble.length, "roffset_bytes": preamble.roffset,
         "payload_bytes": preamble.payload_bytes, "missing_bytes": message.missing_bytes, **context,
     }

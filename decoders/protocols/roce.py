@@ -749,10 +749,10 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         return {"protocol": "roce", "src_ip": ip_to_str(qp.src), "dst_ip": ip_to_str(qp.dst), "dest_qp": qp.dest_qp,
                 "packets": qp.packets, "bytes": qp.bytes, "bad_icrc": qp.bad_icrc, "cnp": qp.cnp,
                 "retransmitted_packets": qp.retransmitted_packets, "naks": qp.naks,
-                "first_ts_ns": qp.first_ts_ns, "last_ts_ns": qp.last_ts_ns, "acks": qp.acks,
+                "ts_first_ns": qp.first_ts_ns, "ts_last_ns": qp.last_ts_ns, "acks": qp.acks,
                 "lost_packets": qp.lost_packets, "icrc_unchecked": qp.icrc_unchecked,
                 "ecn_ce_packets": qp.ecn_ce_packets, "unmatched_responses": qp.unmatched_responses,
-                "roce_version": qp.version, "transport": qp.transport, "path_mtu": qp.path_mtu,
+                "roce_version": qp.version, "transport": qp.transport, "path_mtu_bytes": qp.path_mtu,
                 "src_rank": qp.src_rank, "dst_rank": qp.dst_rank, "nccl_direction": qp.nccl_direction,
                 "nccl_setup_stream_id": qp.nccl_setup_stream_id}
 
@@ -764,6 +764,6 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
                 "size_bytes": msg.size_bytes, "complete": msg.complete, "rdma_op": op, "dest_qp": qp.dest_qp,
                 "psn": msg.psn, "packets": msg.packets, "imm": msg.imm, "va": msg.va, "rkey": msg.rkey,
                 "nccl_role": msg.nccl_role, "nccl_tag": msg.nccl_tag, "nccl_fifo_idx": msg.nccl_fifo_idx,
-                "nccl_nreqs": msg.nccl_nreqs, "nccl_bytes": msg.nccl_bytes, "nccl_sizes": msg.nccl_sizes,
+                "nccl_nreqs": msg.nccl_nreqs, "nccl_bytes": msg.nccl_bytes, "nccl_sizes_bytes": msg.nccl_sizes,
                 "nccl_addrs": msg.nccl_addrs, "src_rank": qp.src_rank, "dst_rank": qp.dst_rank,
                 "head_crc32": msg.head_crc32, "nccl_proto": msg.line_protocol if msg.nccl_role == "data" else None}

@@ -60,9 +60,10 @@ def stats(
     time, bandwidth, skew, traffic matrices and overlap of collective operations.
 
     Writes iterations.parquet, keys.parquet, sizes.parquet, traffic.parquet, volume_iterations.parquet,
-    volume_keys.parquet (ps-lite jobs), collective_stats.parquet, collective_ranks.parquet,
-    collective_traffic.parquet, collective_concurrency.parquet, collective_overlap.parquet (collective jobs)
-    and summary.json. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
+    volume_keys.parquet, requests.parquet, in_flight.parquet, key_updates.parquet (ps-lite jobs),
+    collective_stats.parquet, collective_ranks.parquet, collective_traffic.parquet,
+    collective_concurrency.parquet, collective_overlap.parquet (collective jobs), connections.parquet and
+    summary.json; `dlcsniff schema TABLE` says what each column holds. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
     dlcsniff stats out/gloo --out out/gloo/stats; dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
     """
     from dlcsniff.analysis import AnalysisError, headline, summary_json, write_statistics

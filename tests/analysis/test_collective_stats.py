@@ -94,7 +94,7 @@ def test_aligned_times_stay_within_the_clocks_bounds(gloo_dir, stats):
     both = aligned.ranks.merge(stats.ranks, on=["op", "rank"], suffixes=("", "_raw"))
     assert len(both) == len(stats.ranks) == len(aligned.ranks)
     bound = both["capture"].map(clocks["error_bound_ns"]).to_numpy(np.int64) + PCAP_RESOLUTION_NS
-    for edge in ("start_ns", "end_ns"):
+    for edge in ("ts_first_ns", "ts_last_ns"):
         assert ((both[edge] - both[f"{edge}_raw"]).abs().to_numpy(np.int64) <= bound).all()
 
 
@@ -160,14 +160,14 @@ def test_times_are_bounded_by_the_ranks_own_calls_and_returns(stats, recorded, r
         ranks[p2p].merge(stats.operations[["op", "src_rank", "dst_rank"]], on="op").merge(
             recorded_p2p, on=["rank", "src_rank", "dst_rank", "seq"])])
     assert len(ends) == len(ranks)
-    assert (ends["end_ns"] <= ends["return_ns"]).all()
+    assert (ends["ts_last_ns"] <= ends["return_ns"]).all()
     first_call = ends.groupby("op")["call_ns"].transform("min")
-    assert (ends["start_ns"] >= first_call - PCAP_RESOLUTION_NS).all()
+    assert (ends["ts_first_ns"] >= first_call - PCAP_RESOLUTION_NS).all()
     assert (ends["time_ns"] >= 0).all() and (ends["time_ns"] <= ends["return_ns"] - first_call + PCAP_RESOLUTION_NS).all()
     spans = ends.groupby("op").agg(first_call=("call_ns", "min"), last_return=("return_ns", "max"))
     operations = stats.operations.set_index("op").join(spans)
-    assert (operations["start_ns"] >= operations["first_call"] - PCAP_RESOLUTION_NS).all()
-    assert (operations["end_ns"] <= operations["last_return"]).all()
+    assert (operations["ts_first_ns"] >= operations["first_call"] - PCAP_RESOLUTION_NS).all()
+    assert (operations["ts_last_ns"] <= operations["last_return"]).all()
 
 
 def test_bus_bandwidth_recomputed_from_the_record_and_the_raw_messages(gloo_dir, stats, recorded):
@@ -230,8 +230,8 @@ def test_skew_is_the_spread_of_the_ranks_starts_and_ends(stats):
     start, end = operations["start_skew_ns"].to_numpy(np.int64), operations["end_skew_ns"].to_numpy(np.int64)
     assert (start >= 0).all() and (end >= 0).all()
     assert (start <= operations["time_ns"]).all() and (end <= operations["time_ns"]).all()
-    per_op = stats.ranks.groupby("op").agg(first=("start_ns", "min"), last=("start_ns", "max"),
-                                           first_end=("end_ns", "min"), last_end=("end_ns", "max"))
+    per_op = stats.ranks.groupby("op").agg(first=("ts_first_ns", "min"), last=("ts_first_ns", "max"),
+                                           first_end=("ts_last_ns", "min"), last_end=("ts_last_ns", "max"))
     by_op = operations.set_index("op").loc[per_op.index]
     assert (by_op["start_skew_ns"] == per_op["last"] - per_op["first"]).all()
     assert (by_op["end_skew_ns"] == per_op["last_end"] - per_op["first_end"]).all()
@@ -262,10 +262,11 @@ def _sweep_union(intervals: list[tuple[int, int]]) -> tuple[int, int]:
 def test_communication_and_gaps_per_rank_against_a_plain_sweep(stats, recorded):
     overlap = stats.overlap.set_index("rank")
     for rank, mine in stats.ranks.groupby("rank"):
-        covered, doubled = _sweep_union(list(zip(mine["start_ns"], mine["end_ns"])))
+        covered, doubled = _sweep_union(list(zip(mine["ts_first_ns"], mine["ts_last_ns"])))
         row = overlap.loc[rank]
         assert (row["communication_ns"], row["concurrent_ns"]) == (covered, doubled)
-        assert row["communication_ns"] + row["gap_ns"] == row["wall_ns"] == mine["end_ns"].max() - mine["start_ns"].min()
+        wall = mine["ts_last_ns"].max() - mine["ts_first_ns"].min()
+        assert row["communication_ns"] + row["gap_ns"] == row["wall_ns"] == wall
         assert row["communication_fraction"] == pytest.approx(covered / row["wall_ns"])
     # The one call that ran several Gloo operations at once, a reduce_scatter of a list (one all-reduce per
     # tag), holds most of the time with two or more in flight: from the first rank's call (peers' messages
@@ -274,9 +275,9 @@ def test_communication_and_gaps_per_rank_against_a_plain_sweep(stats, recorded):
     several = recorded[recorded["kind"] == "reduce_scatter"].groupby(["rank", "call_ns", "return_ns"]).size()
     windows = several[several > 1].reset_index().set_index("rank")
     crowded = stats.concurrency[stats.concurrency["in_flight"] > 1]
-    inside = ((crowded["start_ns"] >= windows["call_ns"].min() - PCAP_RESOLUTION_NS)
-              & (crowded["end_ns"] <= crowded["rank"].map(windows["return_ns"])))
-    length = crowded["end_ns"] - crowded["start_ns"]
+    inside = ((crowded["ts_first_ns"] >= windows["call_ns"].min() - PCAP_RESOLUTION_NS)
+              & (crowded["ts_last_ns"] <= crowded["rank"].map(windows["return_ns"])))
+    length = crowded["ts_last_ns"] - crowded["ts_first_ns"]
     per_rank = length[inside].groupby(crowded["rank"]).sum() / length.groupby(crowded["rank"]).sum()
     assert per_rank.index.tolist() == RANKS and (per_rank > 0.9).all()
 
@@ -286,7 +287,7 @@ def test_communication_and_gaps_per_rank_against_a_plain_sweep(stats, recorded):
 def _rank_rows(intervals: list[tuple[int, int, int]]) -> pd.DataFrame:
     rank, start, end = (np.array(values, dtype=np.int64) for values in zip(*intervals)) if intervals else (
         np.array([], dtype=np.int64),) * 3
-    return pd.DataFrame({"capture": [f"rank{r}" for r in rank], "rank": rank, "start_ns": start, "end_ns": end,
+    return pd.DataFrame({"capture": [f"rank{r}" for r in rank], "rank": rank, "ts_first_ns": start, "ts_last_ns": end,
                          "time_ns": end - start})
 
 
@@ -297,20 +298,20 @@ def test_concurrency_matches_a_sweep_on_random_intervals(raw):
     segments = concurrency(rows)
     overlap = communication_overlap(rows, segments).set_index("rank")
     for rank, mine in rows.groupby("rank"):
-        covered, doubled = _sweep_union(list(zip(mine["start_ns"], mine["end_ns"])))
-        wall = mine["end_ns"].max() - mine["start_ns"].min()
+        covered, doubled = _sweep_union(list(zip(mine["ts_first_ns"], mine["ts_last_ns"])))
+        wall = mine["ts_last_ns"].max() - mine["ts_first_ns"].min()
         assert overlap.loc[rank, ["communication_ns", "concurrent_ns", "wall_ns"]].tolist() == [covered, doubled, wall]
         own = segments[segments["rank"] == rank]
-        assert (own["end_ns"] > own["start_ns"]).all() and (own["in_flight"].diff().iloc[1:] != 0).all()
+        assert (own["ts_last_ns"] > own["ts_first_ns"]).all() and (own["in_flight"].diff().iloc[1:] != 0).all()
         # the segments tile the rank's wall time exactly
-        assert (own["start_ns"].iloc[1:].to_numpy() == own["end_ns"].iloc[:-1].to_numpy()).all()
-        assert int((own["end_ns"] - own["start_ns"]).sum()) == wall
+        assert (own["ts_first_ns"].iloc[1:].to_numpy() == own["ts_last_ns"].iloc[:-1].to_numpy()).all()
+        assert int((own["ts_last_ns"] - own["ts_first_ns"]).sum()) == wall
 
 
 def test_back_to_back_collectives_leave_no_gap_and_no_overlap():
     rows = _rank_rows([(0, 0, 10), (0, 10, 20), (0, 25, 30), (0, 26, 28)])
     segments = concurrency(rows)
-    assert segments[["start_ns", "end_ns", "in_flight"]].values.tolist() == [
+    assert segments[["ts_first_ns", "ts_last_ns", "in_flight"]].values.tolist() == [
         [0, 20, 1], [20, 25, 0], [25, 26, 1], [26, 28, 2], [28, 30, 1]]
     row = communication_overlap(rows, segments).iloc[0]
     assert (row["gaps"], row["gap_ns"], row["longest_gap_ns"], row["concurrent_ns"], row["collective_ns"]) == (
@@ -464,8 +465,9 @@ def test_stats_and_report_of_a_job_with_both(mixed_dir, stats, tmp_path):
     aligned = pd.read_parquet(tmp_path / "stats" / "collective_ranks.parquet").set_index(["op", "rank"])
     raw = stats.ranks.set_index(["op", "rank"]).loc[aligned.index]
     offset = aligned.index.get_level_values("rank").to_numpy() * 1_000_000
-    assert (aligned["start_ns"] - raw["start_ns"] == offset).all() and (aligned["end_ns"] - raw["end_ns"] == offset).all()
-    shifted = aligned.groupby(level="op")["start_ns"].agg(lambda s: s.max() - s.min())
+    for edge in ("ts_first_ns", "ts_last_ns"):
+        assert (aligned[edge] - raw[edge] == offset).all()
+    shifted = aligned.groupby(level="op")["ts_first_ns"].agg(lambda s: s.max() - s.min())
     operations = pd.read_parquet(tmp_path / "stats" / "collective_stats.parquet").set_index("op")
     assert (operations.loc[shifted.index, "start_skew_ns"] == shifted).all()
     terminal = invoke("stats", mixed_dir, "--out", tmp_path / "stats", "--force")

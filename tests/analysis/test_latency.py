@@ -126,7 +126,7 @@ def exchange_events(times: dict[str, int | None]) -> pd.DataFrame:
                 "tensor_key": 1, "req_type": "default", "size_bytes": 1000 if request else 20,
                 "connection": "a>b" if request else "b>a",
                 "ts_first_ns": times[f"{prefix}send_first"] or times[f"{prefix}recv_first"],
-                **{f"{side}_{edge}_aligned_ns": times[f"{prefix}{side}_{edge}"]
+                **{f"{side}_ts_{edge}_aligned_ns": times[f"{prefix}{side}_{edge}"]
                    for side in ("send", "recv") for edge in ("first", "last")}}
     frame = pd.DataFrame([event(True, ""), event(False, "r_")])
     for column in [c for c in frame.columns if c.endswith("_ns")]:
@@ -262,8 +262,9 @@ def test_keys_without_values_are_not_updates():
     """A row-sparse push's master key (lens 0) is not an update; a push without lens updates every key."""
     keys = pa.array([[10, 11, 12], [20], [10, 12]], type=pa.list_(pa.uint64()))
     lens = pa.array([[0, 64, 64], None, [0, 64]], type=pa.list_(pa.int64()))
-    table = key_updates(keys, lens, np.array(["row_sparse", "default", "row_sparse"]))
+    table = key_updates(keys, lens, np.array(["row_sparse", "default", "row_sparse"]), np.array([1, 2, 1]))
     assert dict(zip(table["ps_key"], table["updates"])) == {12: 2, 11: 1, 20: 1}
+    assert dict(zip(table["ps_key"], table["tensor_key"])) == {12: 1, 11: 1, 20: 2}
 
 
 def test_stats_write_the_merged_tables(tmp_path):

@@ -27,7 +27,7 @@ MESSAGE_FIELDS = {
     "roce": ["rdma_op", "dest_qp", "size_bytes", "imm", "va", "rkey", "nccl_role", "complete"],
     "nccl_socket": ["size_bytes", "nccl_seq", "nccl_inline", "nccl_tasks", "complete"],
     "nccl_bootstrap": ["peer_rank", "tag", "size_bytes"],
-    "gloo": ["opcode", "slot", "collective", "seq", "tag", "length", "size_bytes", "complete"],
+    "gloo": ["opcode", "slot", "collective", "seq", "tag", "length_bytes", "size_bytes", "complete"],
 }
 
 

@@ -371,7 +371,7 @@ def test_time_window_keeps_what_tshark_keeps(whole, tmp_path):
 
 def test_a_relative_window_counts_from_the_earliest_capture():
     ours, summary = _tables([SYNC], selection=PacketSelection(start=TimeBound(500_000_000, True)))
-    firsts = [c["first_ts_ns"] for c in summary["captures"]]
+    firsts = [c["ts_first_ns"] for c in summary["captures"]]
     assert summary["selection"]["start"]["ts_ns"] == min(firsts) + 500_000_000
 
 

@@ -113,7 +113,7 @@ def test_a_clock_step_is_flagged_inconsistent():
 
 
 def test_align_keeps_nulls_and_unknown_captures():
-    clocks = pd.DataFrame({"capture": ["x"], "offset_ns": [1_000], "drift_ppm": [100.0], "epoch_ns": [EPOCH]})
+    clocks = pd.DataFrame({"capture": ["x"], "offset_ns": [1_000], "drift_ppm": [100.0], "epoch_ts_ns": [EPOCH]})
     ts = pd.array([EPOCH, EPOCH + 10**9, None, EPOCH + 10**9], dtype="Int64")
     out = align(ts, ["x", "x", "x", "other"], clocks)
     assert out[0] == EPOCH + 1_000 and out[1] == EPOCH + 10**9 + 1_000 + 100_000
@@ -178,14 +178,15 @@ def test_editcap_shifted_captures_are_aligned_back(tmp_path_factory, original):
         sent = events[events["send_capture"] == name]
         # before alignment the shift is there; the correction found takes it away: all captures were taken
         # on one host's clock, so the true correction is minus the shift
-        raw = sent["send_first_ns"].astype("Int64") - sent["send_first_ns_original"].astype("Int64")
+        raw = sent["send_ts_first_ns"].astype("Int64") - sent["send_ts_first_ns_original"].astype("Int64")
         assert (raw == round(shift_s * 1e9)).all()
-        correction = sent["send_first_aligned_ns"] - sent["send_first_ns"]
+        correction = sent["send_ts_first_aligned_ns"] - sent["send_ts_first_ns"]
         assert ((correction + raw).abs() <= TOLERANCE_NS).all()
         assert ((correction + raw).abs() <= clocks.loc[name, "error_bound_ns"] + PCAP_RESOLUTION_NS).all()
     # the aligned times are what the unshifted captures give (the estimate is shift-equivariant: to the
     # rounding of a nanosecond)
-    for column in ("send_first_aligned_ns", "send_last_aligned_ns", "recv_first_aligned_ns", "recv_last_aligned_ns"):
+    for column in ("send_ts_first_aligned_ns", "send_ts_last_aligned_ns", "recv_ts_first_aligned_ns",
+                   "recv_ts_last_aligned_ns"):
         error = (events[column] - events[f"{column}_original"]).abs()
         assert error.max() <= TOLERANCE_NS and error.max() <= 2
     # and so every analysis sees them: the messages as loaded for the statistics are on the one timeline
@@ -218,8 +219,8 @@ def test_drifting_capture_is_aligned_back(tmp_path):
     events = view.events.merge(original.events, on="event_id", suffixes=("", "_original"))
     for side in ("send", "recv"):
         mine = events[events[f"{side}_capture"] == "worker0"]
-        raw = (mine[f"{side}_first_ns"] - mine[f"{side}_first_ns_original"]).abs()
-        error = (mine[f"{side}_first_aligned_ns"] - mine[f"{side}_first_aligned_ns_original"]).abs()
+        raw = (mine[f"{side}_ts_first_ns"] - mine[f"{side}_ts_first_ns_original"]).abs()
+        error = (mine[f"{side}_ts_first_aligned_ns"] - mine[f"{side}_ts_first_aligned_ns_original"]).abs()
         assert len(mine) > 30 and raw.min() > 10**9 and error.max() <= TOLERANCE_NS
         assert error.max() <= worker0["error_bound_ns"] + PCAP_RESOLUTION_NS
         # an offset alone could not have done it: it would miss one end or the other by more than 200 µs

@@ -187,7 +187,7 @@ def test_tshark_reads_the_same_messages_immediates_and_cts(decoded, capture, tmp
         collections.Counter(zip(roce["src_ip"], roce["dst_ip"], roce["dest_qp"], roce["psn"], roce["size_bytes"]))
     assert all(m["imm"] == m["size"] for m in shark if m["imm"] is not None)
     assert sum(m["imm"] is not None for m in shark) == (roce["nccl_role"] == "data").sum()
-    decoded_cts = {(r.src_ip, r.dest_qp, r.psn): (r.nccl_tag, r.nccl_fifo_idx, list(r.nccl_sizes))
+    decoded_cts = {(r.src_ip, r.dest_qp, r.psn): (r.nccl_tag, r.nccl_fifo_idx, list(r.nccl_sizes_bytes))
                    for r in roce[roce["nccl_role"] == "cts"].itertuples()}
     shark_cts = {}
     for m in shark:

@@ -30,7 +30,7 @@ from tests.support.protocol_driver import rows_of, run_decoder, run_decoders
 from tests.support.roce_gen import COUNTERS, CTS_LAYOUTS, NETWORKS, QP_A_SEND, QP_B_RECV, RETH, cts_entries, roce_capture
 
 MESSAGE_FIELDS = ("rdma_op", "size_bytes", "complete", "imm", "va", "rkey", "nccl_role", "nccl_tag", "nccl_fifo_idx",
-                  "nccl_bytes", "nccl_sizes")
+                  "nccl_bytes", "nccl_sizes_bytes")
 # Explicit addresses: scapy would otherwise resolve the destination MAC (ARP) while building a frame.
 _ETHER = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
 STREAM_FIELDS = COUNTERS + ("src_rank", "dst_rank", "nccl_direction")
@@ -82,7 +82,7 @@ def test_the_simulation_covers_what_the_issue_asks_for(captures):
     assert roles.count("cts") >= 15 and roles.count("data") >= 18
     assert {m.rdma_op for m in truth.messages} == {"SEND", "SEND_IMM", "WRITE", "WRITE_IMM", "READ"}
     assert any(not m.complete for m in truth.messages if m.rdma_op == "READ")
-    assert any(m.nccl_sizes and m.nccl_role == "data" for m in truth.messages)
+    assert any(m.nccl_sizes_bytes and m.nccl_role == "data" for m in truth.messages)
 
 
 def _tshark_rows(path: Path) -> dict[int, list[str]]:

@@ -17,6 +17,7 @@ import pytest
 from dlcsniff.analysis import AnalysisError, load_job_view
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS
 from dlcsniff.decoders.output_dir import read_manifest
+from dlcsniff.decoders.schema import EVENTS
 from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view
 from dlcsniff.decoders.protocols import pslite
 from dlcsniff.decoders.output import write_decode_output
@@ -123,7 +124,7 @@ def test_events_keep_the_observations_fields(job_and_view):
     events = view.events
     source = messages.iloc[events["message_row"].to_numpy(np.int64)].reset_index(drop=True)
     assert (source["capture"].to_numpy() == events["send_capture"].astype(str).to_numpy()).all()
-    assert (source["ts_first_ns"].to_numpy() == events["send_first_ns"].to_numpy(np.int64)).all()
+    assert (source["ts_first_ns"].to_numpy() == events["send_ts_first_ns"].to_numpy(np.int64)).all()
     for column in ("size_bytes", "sender_id", "recver_id", "request", "push"):
         assert (source[column].to_numpy() == events[column].to_numpy()).all(), column
 
@@ -138,9 +139,9 @@ def test_decode_output_writes_both_tables(job_and_view):
     assert summary["reference"] == "scheduler" and len(clocks) == len({node["capture"] for node in job.nodes})
     recomputed = job_view(*_job_inputs(decode_dir))
     pd.testing.assert_frame_equal(clocks, recomputed.clocks, check_dtype=False)
-    # the events as written are the events recomputed from the tables (through Parquet: the same null types)
+    # the events as written are the events recomputed from the tables (through Parquet, in their schema)
     written = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(recomputed.events, preserve_index=False), written)
+    pq.write_table(EVENTS.from_frame(recomputed.events), written)
     pd.testing.assert_frame_equal(events, pd.read_parquet(written))
     assert summary["losses"] == recomputed.losses
 
@@ -160,7 +161,7 @@ def test_one_capture_alone_merges_nothing(tmp_path):
     assert len(clocks) == 1 and clocks.loc[0, "capture"] == "worker0" == clocks.loc[0, "reference"]
     assert clocks.loc[0, "offset_ns"] == 0
     # times are worker0's own
-    assert (events.loc[sent, "ts_first_ns"] == events.loc[sent, "send_first_ns"]).all()
+    assert (events.loc[sent, "ts_first_ns"] == events.loc[sent, "send_ts_first_ns"]).all()
 
 
 # --- hand-built captures ------------------------------------------------------------------------------

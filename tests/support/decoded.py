@@ -23,6 +23,6 @@ def on_reference_clock(messages: pd.DataFrame, clocks: pd.DataFrame) -> pd.DataF
     out = messages.copy()
     for column in ("ts_first_ns", "ts_last_ns"):
         raw = messages[column].to_numpy(np.int64)
-        drift = np.rint(clock["drift_ppm"].to_numpy(float) * 1e-6 * (raw - clock["epoch_ns"].to_numpy(np.int64)))
+        drift = np.rint(clock["drift_ppm"].to_numpy(float) * 1e-6 * (raw - clock["epoch_ts_ns"].to_numpy(np.int64)))
         out[column] = raw + clock["offset_ns"].to_numpy(np.int64) + drift.astype(np.int64)
     return out

@@ -100,7 +100,7 @@ class ExpectedMessage:
     nccl_tag: int | None = None
     nccl_fifo_idx: int | None = None
     nccl_bytes: int | None = None
-    nccl_sizes: list[int] | None = None
+    nccl_sizes_bytes: list[int] | None = None
 
 
 COUNTERS = ("packets", "bad_icrc", "cnp", "retransmitted_packets", "naks", "acks", "lost_packets")
@@ -399,7 +399,7 @@ class NcclIbConnection:
         self.cts.message("WRITE", cts_entries(self.layout, entries),
                          va=self.fifo_addr + slot * 8 * self.entry_bytes, rkey=self.fifo_rkey,
                          nccl_role="cts", nccl_tag=self.sender_rank, nccl_fifo_idx=idx,
-                         nccl_sizes=[e["size"] for e in entries])
+                         nccl_sizes_bytes=[e["size"] for e in entries])
         self.offered.append((idx, slot, entries))
 
     def transfer(self, sizes: list[int], *, adaptive_routing: bool = False, payload: bytes | None = None,
@@ -423,7 +423,7 @@ class NcclIbConnection:
                               **role)
         else:
             self.data.message("WRITE", struct.pack(f"<{len(sizes)}i", *sizes), va=self.cmpl_addr + slot * 32,
-                              rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes=list(sizes), **role)
+                              rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes_bytes=list(sizes), **role)
 
     def set_up(self, client_port: int, listen_port: int) -> None:
         """NCCL's IB set-up connection (the sender connects: magic + type 4, then each side its metadata)."""
