@@ -136,6 +136,7 @@ MESSAGES_SCHEMA = pa.schema([
     ("roffset", _i64),
     ("payload_bytes", _i64),
     ("missing_bytes", _i64),
+    ("stream_offset_bytes", _i64),      # where its preamble starts in its TCP direction (lost bytes counted)
     ("src_rank", pa.int32()),
     ("dst_rank", pa.int32()),
     ("local_rank", pa.int32()),
@@ -202,6 +203,7 @@ COLLECTIVES_SCHEMA = pa.schema([
     ("messages", _i64),
     ("complete", pa.bool_()),
     ("local_address", pa.string()),     # NCCL: the host (IP address) whose operation the row is
+    ("tag", _i64),                      # send/recv: the caller's tag (Gloo: the slot); null for collectives
     # NCCL (decoders.nccl_collectives): operations cut by NCCL's step structure. kind all_reduce,
     # all_gather, reduce_scatter, broadcast, reduce, send, recv, or what the wire cannot decide
     # (all_gather_or_reduce_scatter, broadcast_or_reduce) or unknown (sends that fit no schedule);
