@@ -9,20 +9,27 @@ processes; job-wide resolution (decoders.job) comes after.
 Deciding a TCP direction: its first bytes (up to PREFIX_BYTES) are held while decoders answer None ("show me
 more"); the first decoder in registry order to answer True gets it, held bytes first. When none does, or the
 direction loses bytes or ends before anyone decided, each decoder's `claim_fallback` is asked (weak evidence:
-ZMTP found by resynchronisation); else the direction stays plain TCP.
+ZMTP found by resynchronisation); else the direction stays plain TCP. Bytes lost before anyone decided do not
+decide: the decoders judge the bytes after the gap, as for a direction caught mid-connection (offered without
+its start), and the winner gets the held bytes and the gap in order.
+
+The capturing host's addresses, where the link layer marks the packets it sent (Linux cooked captures,
+`tcpdump -i any`), are handed to every decoder before the capture ends (`receive_capturing_host`): the local
+end of a connection no rendezvous places (a two-rank Gloo job has a single connection).
 """
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlcsniff.decoders.errors import CaptureError
-from dlcsniff.decoders.inputs.capture_file import Packet, first_last_ts_ns, open_capture
+from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, first_last_ts_ns, open_capture
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_name
 from dlcsniff.decoders.inputs.selection import PacketSelection, PacketSelector
 from dlcsniff.decoders.packet import (Datagram, ParseStats, UnsupportedLinktype, check_linktype, ip_to_str,
-                                      parse_packet)
+                                      outgoing_source, parse_packet)
 from dlcsniff.decoders.protocols import protocol_decoders
 from dlcsniff.decoders.protocols.base import Count, ExtraStream, Row, StreamColumns, TcpDirection
 from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
@@ -32,8 +39,13 @@ from dlcsniff.decoders.tcp_driver import BatchDecoder
 
 # Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
 PREFIX_BYTES = 64
+# Pieces (chunks and lost gaps) of an undecided direction held at most: past them, a gap decides.
+MAX_HELD_PIECES = 256
 # Pieces of one capture further apart than this are reported (a rotation itself loses no time).
 GAP_WARN_NS = 1_000_000_000
+# Enough packets to meet the capturing host's own: a capture on a host holds what it sends as much as what it
+# receives.
+CAPTURING_HOST_PACKETS = 10_000
 TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns", "packets",
                       "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
                       "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
@@ -46,7 +58,8 @@ class _Direction:
     offer: TcpDirection
     owner: object | None = None                 # the protocol decoder that claimed it
     decided: bool = False
-    held: list = field(default_factory=list)    # (bytes, ts_ns) seen before it was decided
+    held: list = field(default_factory=list)    # (bytes, ts_ns) or a lost StreamGap, before it was decided
+    prefix_from: int = 0                        # held items after the last lost gap: what the decoders judge
     declined: set = field(default_factory=set)  # decoders that said "not mine"
 
 
@@ -98,6 +111,8 @@ class CaptureDecoder:
         self.directions: dict[int, _Direction] = {}
         self.unclaimed_udp: collections.Counter[int] = collections.Counter()   # service port -> datagrams
         self.unclaimed_packets = 0          # neither TCP nor UDP, and no protocol's (ARP, ICMP...)
+        self.capturing_host: set[bytes] = set()     # addresses the link layer says the capturing host sent from
+        self._host_packets_left = CAPTURING_HOST_PACKETS
 
     # -- TCP events -----------------------------------------------------------------------------------
     def on_tcp_event(self, ev) -> None:
@@ -111,6 +126,13 @@ class CaptureDecoder:
                 self._decide(d, final=False)
         elif cls is StreamGap:
             d = self.directions[ev.stream_id]
+            if not d.decided and ev.lost and len(d.held) < MAX_HELD_PIECES:
+                # Judged on what follows, as a direction caught mid-connection; held for the winner in order.
+                d.held.append(ev)
+                d.prefix_from = len(d.held)
+                d.offer = TcpDirection(d.offer.stream_id, d.offer.key, False)
+                d.declined.clear()
+                return
             if not d.decided:
                 self._decide(d, final=True)
             if d.owner is not None:
@@ -151,7 +173,7 @@ class CaptureDecoder:
             owner.skip(stream_id, size, ts_ns)
 
     def _decide(self, d: _Direction, *, final: bool) -> None:
-        prefix = b"".join(chunk for chunk, _ in d.held)[:PREFIX_BYTES]
+        prefix = b"".join(chunk for chunk, _ in d.held[d.prefix_from:])[:PREFIX_BYTES]
         winner = None
         waiting = False
         for protocol in self.protocols:
@@ -168,21 +190,40 @@ class CaptureDecoder:
         if winner is None:
             if waiting and not final and len(prefix) < PREFIX_BYTES:
                 return
-            winner = next((p for p in self.protocols if p.claim_fallback(d.offer, prefix, bool(d.held))), None)
+            seen_data = len(d.held) > d.prefix_from
+            winner = next((p for p in self.protocols if p.claim_fallback(d.offer, prefix, seen_data)), None)
         d.decided = True
         held, d.held = d.held, []
         d.owner = winner
         if winner is not None:
-            for chunk, ts_ns in held:
-                winner.receive_data(d.offer.stream_id, memoryview(chunk), ts_ns)
+            stream_id = d.offer.stream_id
+            for item in held:
+                if item.__class__ is StreamGap:
+                    winner.receive_gap(stream_id, item.size, item.ts_ns, item.lost)
+                else:
+                    winner.receive_data(stream_id, memoryview(item[0]), item[1])
 
     # -- end of capture ---------------------------------------------------------------------------------
     def end_of_input(self) -> None:
         """No more packets: the TCP directions still open end, and so does each protocol's capture."""
         for ev in self.tcp.finish():
             self.on_tcp_event(ev)
+        host = frozenset(self.capturing_host)
         for protocol in self.protocols:
+            protocol.receive_capturing_host(host)
             protocol.end_of_capture()
+
+    def observe_link_layer(self, item: RecordBatch | Packet) -> None:
+        """Note the source addresses of the packets the link layer marks as sent by the capturing host, among
+        the capture's first CAPTURING_HOST_PACKETS."""
+        if self._host_packets_left <= 0:
+            return
+        packets = (item,) if item.__class__ is Packet else itertools.islice(item.packets(), self._host_packets_left)
+        for packet in packets:
+            self._host_packets_left -= 1
+            source = outgoing_source(packet.linktype, packet.data)
+            if source is not None:
+                self.capturing_host.add(source)
 
     def finish(self) -> tuple[dict[str, dict[str, list]], dict[str, int]]:
         """End the capture: every table's column lists, and the protocols' counters."""
@@ -295,6 +336,7 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
                     first, last_ts_ns = first_last_ts_ns(item)
                     if first_ts_ns is None:
                         first_ts_ns = first
+                    dec.observe_link_layer(item)
                     if selector is not None and (item := selector.select(item)) is None:
                         continue
                     batches.feed(item)          # a Packet goes the per-packet way

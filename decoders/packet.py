@@ -169,6 +169,34 @@ def parse_packet(linktype: int, data: bytes | memoryview, ts_ns: int,
     return None
 
 
+_SLL_PACKET_TYPE_OFFSET = 0      # u16 (network order) in a Linux cooked v1 header
+_SLL2_PACKET_TYPE_OFFSET = 10    # u8 in a Linux cooked v2 header
+_PACKET_OUTGOING = 4             # linux/if_packet.h PACKET_OUTGOING: sent by this host
+
+
+def outgoing_source(linktype: int, data: bytes | memoryview) -> bytes | None:
+    """The IP source address of a packet the capturing host sent, when the link layer says so (Linux cooked
+    captures, `tcpdump -i any`, mark each packet with its direction); None for any other packet."""
+    try:
+        if linktype == LINKTYPE_LINUX_SLL2:
+            sent, offset = data[_SLL2_PACKET_TYPE_OFFSET] == _PACKET_OUTGOING, _SLL2_HEADER_BYTES
+            ethertype = _U16.unpack_from(data, 0)[0]
+        elif linktype == LINKTYPE_LINUX_SLL:
+            sent = _U16.unpack_from(data, _SLL_PACKET_TYPE_OFFSET)[0] == _PACKET_OUTGOING
+            offset, ethertype = _SLL_HEADER_BYTES, _U16.unpack_from(data, 14)[0]
+        else:
+            return None
+        if not sent:
+            return None
+        if ethertype == _ETHERTYPE_IPV4 and len(data) >= offset + 16:
+            return bytes(data[offset + 12:offset + 16])
+        if ethertype == _ETHERTYPE_IPV6 and len(data) >= offset + 24:
+            return bytes(data[offset + 8:offset + 24])
+    except (IndexError, struct.error):
+        return None
+    return None
+
+
 def _ipv4(data: memoryview, offset: int, ts_ns: int, stats: ParseStats | None) -> Segment | Datagram | None:
     version_ihl, total_len, fragment, protocol, src, dst = _IPV4.unpack_from(data, offset)
     header_len = (version_ihl & 0x0F) * 4

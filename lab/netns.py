@@ -37,6 +37,9 @@ ANY_LINK_HEADER_ROOM = 64      # a Linux cooked header (16 or 20 bytes) and room
 OFFLOADS_OFF = ("tso", "off", "gso", "off", "gro", "off", "tx", "off")
 # Kernel ring per capture: with libpcap's default (2 MiB) a few nodes moving ~100 MB/s on 2 cores drop packets.
 DEFAULT_CAPTURE_BUFFER_KIB = 65536
+# tc tbf (Cluster.limit_rate): room for a burst of segments, and how long a packet may wait before it is dropped.
+TBF_BURST = "256kb"
+TBF_LATENCY = "200ms"
 HOST_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,30}")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,40}")
 TCPDUMP_READY = b"listening on"
@@ -281,6 +284,13 @@ class Cluster:
     def run(self, name: str, argv: Sequence[str], *, timeout_s: float = 30.0) -> subprocess.CompletedProcess[bytes]:
         """Run argv inside host `name` to completion; raise NetnsError on failure or timeout."""
         return _run(self._in_netns(name, argv), timeout_s=timeout_s)
+
+    def limit_rate(self, name: str, mbit: int) -> None:
+        """Cap what host `name` sends on its interface at `mbit` Mbit/s (tc tbf): with several busy hosts on 2
+        cores, the captures keep up only with so much."""
+        host = self.host(name)
+        self.run(name, ["tc", "qdisc", "add", "dev", host.interface, "root", "tbf", "rate", f"{mbit}mbit",
+                        "burst", TBF_BURST, "latency", TBF_LATENCY])
 
     def capture(self, name: str, path: str | os.PathLike, snaplen: int = 0, filter: str | None = None,
                 *, interface: str | None = None, buffer_kib: int = DEFAULT_CAPTURE_BUFFER_KIB,

@@ -4,13 +4,16 @@
     python -m lab.record mxnet --job big --model wide_mlp --batches 20 --bigarray-bound 65536 --out DIR ...
     python -m lab.record zmq --out DIR --workload-python ...
     python -m lab.record gloo --out DIR --workload-python ... [--world-size 4]
+    python -m lab.record gloo-matrix --out DIR --workload-python ... [--world-sizes 2 3 ...] [--max-size B]
 
 Each job lands in DIR/<job>/ (written beside it first, then renamed into place):
 - <node>.pcap.gz  tcpdump -i any (eth0 and lo) of the node (its own network namespace, MTU 1500, offloads off), gzip -9
 - <node>.log      the node's stderr (MXNet: ps-lite's PS_VERBOSE=2 message log)
 - <node>.json     MXNet: the node's own record of what it did (see sniffer/workloads/mxnet_job.py)
 - zmq_record.json zmq: every message the workload sent (see sniffer/workloads/zmq_job.py)
-- rank<r>.json    gloo: the rank's own record of every operation (see sniffer/workloads/gloo_job.py)
+- rank<r>.json    gloo: the rank's own record of every operation (see lab/workloads/gloo_job.py); the Gloo
+                  matrix (lab/gloo_matrix.py): of every cell (lab/workloads/gloo_matrix_job.py)
+- plan.json       the Gloo matrix: the job's cells, the same for every rank
 - job.json        the job: nodes (name, role, rank, ps-lite id, ip, netns, pid, port), settings, env,
                   times, tool versions, capture counts, exit codes.
 Needs root (network namespaces, tcpdump).
@@ -33,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lab import gloo_matrix
 from lab.netns import Capture, Cluster, NetnsError
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
@@ -99,7 +103,7 @@ MXNET_JOBS = {
 }
 ZMQ_JOB = "zmq"
 GLOO_JOB = "gloo"
-ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB, GLOO_JOB)
+ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB, GLOO_JOB, *gloo_matrix.BUNDLED)
 
 
 @dataclass(slots=True)
@@ -210,25 +214,25 @@ def _start_node(cluster: Cluster, job_dir: Path, workload_python: str, name: str
     return NodeRun(name, role, process, capture, record_path, port)
 
 
-def _run_to_end(cluster: Cluster, nodes: Sequence[NodeRun], job_dir: Path, timeout_s: float) -> list[dict]:
-    """Wait for every node, stop and compress the captures; the nodes' entries for job.json."""
+def _run_to_end(cluster: Cluster, nodes: Sequence[NodeRun], job_dir: Path, timeout_s: float,
+                *, gzip_captures: bool = True) -> list[dict]:
+    """Wait for every node, stop (and compress) the captures; the nodes' entries for job.json."""
     try:
         _wait_for_nodes(nodes, timeout_s)
-        capture_stats = _finish_captures(nodes)
+        capture_stats = _finish_captures(nodes, gzip_captures)
     except RecordError as exc:
         raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
-    return [_node_entry(cluster, node, capture_stats[node.name]) for node in nodes]
+    return [_node_entry(cluster, node, *capture_stats[node.name]) for node in nodes]
 
 
-def _finish_captures(nodes: Sequence[NodeRun]) -> dict[str, dict]:
+def _finish_captures(nodes: Sequence[NodeRun], gzip_captures: bool) -> dict[str, tuple[dict, Path]]:
     time.sleep(CAPTURE_SETTLE_S)
     stats = {node.name: asdict(node.capture.stop()) for node in nodes}
-    for node in nodes:
-        _gzip_capture(node.capture.path)
-    return stats
+    return {node.name: (stats[node.name], _gzip_capture(node.capture.path) if gzip_captures
+                        else node.capture.path) for node in nodes}
 
 
-def _node_entry(cluster: Cluster, node: NodeRun, capture_stats: dict) -> dict:
+def _node_entry(cluster: Cluster, node: NodeRun, capture_stats: dict, capture: Path) -> dict:
     host = cluster.host(node.name)
     return {
         "name": node.name,
@@ -240,7 +244,7 @@ def _node_entry(cluster: Cluster, node: NodeRun, capture_stats: dict) -> dict:
         "port": node.port,
         "exit_code": node.exit_code,
         "killed_by_recorder": node.killed,
-        "capture": f"{node.name}.pcap.gz",
+        "capture": capture.name,
         "capture_stats": capture_stats,
         "log": f"{node.name}.log",
     }
@@ -443,6 +447,57 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
     return _publish_job_dir(job_dir, out_dir, GLOO_JOB, job_record)
 
 
+def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workload_python: str,
+                           *, timeout_s: float = gloo_matrix.JOB_TIMEOUT_S) -> Path:
+    """Run one job of the Gloo matrix (lab/gloo_matrix.py), one rank per namespace (rank 0 hosts the TCPStore),
+    the ranks' sending rate capped together at spec.rate_mbit (tc tbf) so that every capture keeps up; return
+    its directory."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, spec.name)
+    plan = spec.cells()
+    plan_path = job_dir / "plan.json"
+    plan_path.write_text(json.dumps(plan, indent=1) + "\n")
+    node_names = [f"rank{rank}" for rank in range(spec.world_size)]
+    rate_mbit = max(1, spec.rate_mbit // spec.world_size)
+    started_ns = time.time_ns()
+    with Cluster(f"{spec.name}-{os.getpid()}", node_names) as cluster:
+        master_ip = cluster.host("rank0").ip
+        job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
+        for name in node_names:
+            cluster.limit_rate(name, rate_mbit)
+        nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_matrix_job.py",
+                             ["--rank", str(rank), "--world-size", str(spec.world_size), "--master-addr", master_ip,
+                              "--master-port", str(GLOO_MASTER_PORT), "--plan", str(plan_path)],
+                             {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
+                 for rank, name in enumerate(node_names)]
+        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s, gzip_captures=spec.gzip)
+    ended_ns = time.time_ns()
+    records = {node.name: _read_record(node.record_path) for node in nodes}
+    for rank, entry in enumerate(node_entries):
+        entry["rank"] = rank
+        entry["record"] = f"{entry['name']}.json"
+    job_record = {
+        "job": spec.name,
+        "framework": "pytorch",
+        "transport": "gloo/tcp",
+        "mode": "matrix",
+        "world_size": spec.world_size,
+        "master_addr": master_ip,
+        "master_port": GLOO_MASTER_PORT,
+        "env": job_env,
+        "subnet": str(cluster.subnet),
+        "mtu": cluster.mtu,
+        "rate_mbit_per_rank": rate_mbit,
+        "start_ns": started_ns,
+        "end_ns": ended_ns,
+        "versions": {**_tool_versions(workload_python), **records["rank0"]["versions"]},
+        "plan": "plan.json",
+        "cells": len(plan),
+        "nodes": node_entries,
+    }
+    return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
+
+
 def merge_zmq_records(server: dict, client: dict) -> dict:
     """One record for the job: both sides' messages in time order, each marked `on_wire`.
 
@@ -494,7 +549,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lab.record", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for command, help_text in (("all", "record every bundled job"), ("mxnet", "record one MXNet job"),
-                               ("zmq", "record the pyzmq job"), ("gloo", "record the PyTorch Gloo job")):
+                               ("zmq", "record the pyzmq job"), ("gloo", "record the PyTorch Gloo job"),
+                               ("gloo-matrix", "record the Gloo matrix, one job per world size")):
         sub = commands.add_parser(command, help=help_text)
         sub.add_argument("--out", type=Path, required=True, help="directory receiving one folder per job")
         sub.add_argument("--workload-python", required=True, help="python of the venv holding mxnet, pyzmq and torch")
@@ -503,6 +559,13 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--jobs", nargs="+", choices=ALL_JOBS, default=list(ALL_JOBS))
         if command == "gloo":
             sub.add_argument("--world-size", type=int, default=GLOO_WORLD_SIZE, help="ranks, one per namespace")
+        if command == "gloo-matrix":
+            sub.add_argument("--world-sizes", type=int, nargs="+", default=sorted(gloo_matrix.LARGE_CELLS))
+            sub.add_argument("--max-size", type=int, help="leave out the sizes above this (the large cells too)")
+            sub.add_argument("--rate-mbit", type=int, default=gloo_matrix.JOB_RATE_MBIT,
+                             help="all ranks' sending rate together")
+            sub.add_argument("--gzip", action="store_true", help="gzip the captures (slow for large ones)")
+            sub.set_defaults(timeout=gloo_matrix.JOB_TIMEOUT_S)
         if command == "mxnet":
             sub.add_argument("--job", required=True, help="job (and folder) name")
             sub.add_argument("--kvstore", default="dist_sync", choices=["dist_sync", "dist_async"])
@@ -532,6 +595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = [ZMQ_JOB]
     elif args.command == "gloo":
         jobs = [GLOO_JOB]
+    elif args.command == "gloo-matrix":
+        jobs = [gloo_matrix.MatrixJobSpec(f"gloo_matrix_k{k}", k, max_size=args.max_size, rate_mbit=args.rate_mbit,
+                                          gzip=args.gzip) for k in args.world_sizes]
     else:
         jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
                              args.servers, args.workers, args.bigarray_bound, args.capture_buffer_kib)]
@@ -542,6 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if job == GLOO_JOB:
             return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
                                            world_size=getattr(args, "world_size", GLOO_WORLD_SIZE))
+        if isinstance(job, gloo_matrix.MatrixJobSpec) or job in gloo_matrix.BUNDLED:
+            matrix_spec = gloo_matrix.BUNDLED.get(job, job)
+            return lambda: record_gloo_matrix_job(matrix_spec, args.out, args.workload_python,
+                                                  timeout_s=max(args.timeout, gloo_matrix.JOB_TIMEOUT_S))
         spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
         return lambda: record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
     return record_each(recorder(job) for job in jobs)

@@ -11,6 +11,8 @@ no TCP segments), and pulls events with `next_event()` until it answers `NEED_DA
     receive_gap(stream_id, size, ts_ns, lost)  bytes the capture lost (or cut short: lost=False)
     receive_end(stream_id, ts_ns)            the direction ended (FIN, RST or the end of the capture)
     receive_packet(packet)                   a packet that is no TCP segment; True when it was this protocol's
+    receive_capturing_host(addresses)        the IP addresses the capturing host sent from, where the link layer
+                                             tells (Linux cooked captures; else empty), before end_of_capture
     end_of_capture()                         no more input: whatever is still pending becomes events
     next_event()                             Row | StreamColumns | ExtraStream | Count | NEED_DATA
 
@@ -90,6 +92,7 @@ class ProtocolDecoder(Protocol):
     def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None: ...
     def receive_end(self, stream_id: int, ts_ns: int) -> None: ...
     def receive_packet(self, packet: Packet) -> bool: ...
+    def receive_capturing_host(self, addresses: frozenset[bytes]) -> None: ...
     def skippable_bytes(self, stream_id: int) -> int: ...
     def skip(self, stream_id: int, size: int, ts_ns: int) -> None: ...
     def end_of_capture(self) -> None: ...
@@ -97,8 +100,8 @@ class ProtocolDecoder(Protocol):
 
 
 class ProtocolDecoderBase:
-    """Defaults of the API for decoders that need them: no fallback claims, no packets, no skipping, and an
-    event queue (`_emit`)."""
+    """Defaults of the API for decoders that need them: no fallback claims, no packets, no use for the capturing
+    host, no skipping, and an event queue (`_emit`)."""
 
     name: ClassVar[str] = ""
 
@@ -110,6 +113,9 @@ class ProtocolDecoderBase:
 
     def receive_packet(self, packet: Packet) -> bool:
         return False
+
+    def receive_capturing_host(self, addresses: frozenset[bytes]) -> None:
+        pass
 
     def skippable_bytes(self, stream_id: int) -> int:
         return 0

@@ -1,403 +1,38 @@
-"""Gloo's TCP transport (PyTorch's CPU collectives), decoded sans-IO, and the capture-level Gloo decoder.
-
-Wire format (gloo/transport/tcp: pair.h, pair.cc, device.cc; checked on captures of torch 2.13 jobs):
-- A pair of ranks shares one TCP connection per process group. The side whose listening address
-  compares greater (IP bytes, then port) connects and first writes an 8-byte `ssize_t` sequence number:
-  the pair identifier the listening side published for the connecting rank. Nothing else is a handshake.
-- Then, both ways, messages: a 48-byte preamble of six native (little-endian) u64 — nbytes (preamble +
-  payload), opcode, slot, offset, length, roffset — and `nbytes - 48` payload bytes. Opcodes:
-  0 SEND_BUFFER (payload; offset/roffset address a registered buffer), 1 SEND_UNBOUND_BUFFER (payload),
-  2 NOTIFY_SEND_READY and 3 NOTIFY_RECV_READY (no payload; length = the bytes announced).
-- slot = (prefix << 56) | (tag << 24) | delta, the prefix naming the collective (gloo/types.h) and the tag
-  being PyTorch's per-process-group collective counter: slot -> (collective, sequence number). Send/recv
-  use the caller's tag itself as the slot (prefix 0).
-- The rendezvous goes through PyTorch's TCPStore (decoders.tcpstore): each rank sets the key
-  "<group prefix>/<rank>" to its Rank record (`parse_rank_record`): host name, listening sockaddr, and one
-  pair identifier per peer rank. That maps listening addresses and connect sequence numbers to ranks.
-
-`GlooStreamDecoder` reads one direction: bytes in, events out (`next_event`: `PairConnect`, `GlooMessage`,
-`Resync`, then NEED_DATA).
-Payloads are counted, never copied. Bytes the capture lost inside a payload only make that message
-incomplete; lost bytes that hit a preamble make the decoder scan forward for the next plausible preamble.
+"""Gloo (PyTorch's CPU collectives) in a capture: its pair connections (the transport, decoders.protocols.gloo_wire)
+and PyTorch's TCPStore rendezvous (decoders.protocols.tcpstore).
 
 `GlooCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base): it claims
 Gloo pairs and TCPStore connections, resolves ranks from the rendezvous at the end of the capture, and hands
 back message, stream and collective rows.
+
+What a lossy capture keeps is enough:
+- Sizes: a collective's tensor is the one whose gloo schedule (decoders.gloo_model) agrees with every
+  length its messages state (each transfer is stated three times: NOTIFY_SEND_READY, NOTIFY_RECV_READY, the
+  data preamble) and with the bytes its TCP sequence space counts on each direction (`decoders.gloo_sizes`:
+  lost segments are counted there, so they shrink nothing). Captured payload bytes play no part.
+- Ranks: what the rendezvous left unknown comes from the connect sequence numbers (ranks in torch 2.13),
+  the capturing host's address (on every connection; the link layer names it where the rendezvous cannot,
+  as with two ranks), elimination, and the peer structure of the collectives (`_ranks_from_traffic`).
+- Directions whose first bytes were lost are still claimed: the other half of a Gloo pair, or a TCPStore
+  client by a request naming a key.
 """
 from __future__ import annotations
 
 import enum
-import re
-import struct
-from collections import deque
+import itertools
 from dataclasses import dataclass, field
 
-from dlcsniff.decoders.protocols import tcpstore
+from dlcsniff.decoders import gloo_model, gloo_sizes
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.sansio import NEED_DATA, Sentinel, Resync
 from dlcsniff.decoders.packet import ip_to_str
+from dlcsniff.decoders.protocols import tcpstore
 from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection, frame_rows
+from dlcsniff.decoders.protocols.gloo_wire import (CONNECT_SEQUENCE, MAX_RANKS, MAX_SEQUENCE_NUMBER, P2P,
+                                                   PREAMBLE_BYTES, GlooMessage, GlooStreamDecoder, Opcode, PairConnect,
+                                                   RankRecord, could_be_sequence_or_preamble, is_preamble,
+                                                   parse_rank_record, parse_slot, split_rank_key)
+from dlcsniff.decoders.sansio import NEED_DATA
 from dlcsniff.decoders.tcp import StreamKey
-
-PREAMBLE = struct.Struct("<6Q")          # nbytes opcode slot offset length roffset
-PREAMBLE_BYTES = PREAMBLE.size
-CONNECT_SEQUENCE = struct.Struct("<q")   # ssize_t written by the connecting side
-# Sanity bounds for what a preamble may announce (no tensor on a CPU host comes near 2^48 bytes).
-MAX_MESSAGE_BYTES = 1 << 48
-MAX_SEQUENCE_NUMBER = 1 << 31
-
-
-class Opcode(enum.IntEnum):
-    SEND_BUFFER = 0
-    SEND_UNBOUND_BUFFER = 1
-    NOTIFY_SEND_READY = 2
-    NOTIFY_RECV_READY = 3
-
-
-_PAYLOAD_OPCODES = frozenset((Opcode.SEND_BUFFER, Opcode.SEND_UNBOUND_BUFFER))
-# gloo/types.h slot prefixes -> collective kind, named as in the collectives contract.
-SLOT_PREFIX_KINDS = {1: "gather", 2: "all_gather", 3: "reduce", 4: "all_reduce", 5: "scatter", 6: "broadcast",
-                     7: "barrier", 8: "all_to_all"}
-P2P = "p2p"                              # prefix 0: a send/recv whose slot is the caller's tag
-_TAG_SHIFT = 24
-_TAG_MASK = 0xFFFF_FFFF
-_DELTA_MASK = 0xFF                       # gloo's Slot::operator+ refuses deltas above 0xff
-_PREFIX_SHIFT = 56
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    kind: str                            # collective kind, or P2P
-    tag: int                             # collective sequence number; for P2P the whole slot (user tag)
-    delta: int                           # the collective's sub-slot (0 for PyTorch's algorithms)
-
-
-def parse_slot(slot: int) -> Slot:
-    prefix = slot >> _PREFIX_SHIFT
-    if prefix == 0:
-        return Slot(P2P, slot, 0)
-    kind = SLOT_PREFIX_KINDS.get(prefix)
-    if kind is None or (slot >> 8) & 0xFFFF:
-        raise DecodeError(f"slot {slot:#018x} has no Gloo collective prefix")
-    return Slot(kind, (slot >> _TAG_SHIFT) & _TAG_MASK, slot & _DELTA_MASK)
-
-
-@dataclass(frozen=True, slots=True)
-class Preamble:
-    nbytes: int                          # whole message: preamble + payload
-    opcode: Opcode
-    slot: int
-    offset: int
-    length: int                          # payload bytes, or the bytes a NOTIFY announces
-    roffset: int
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.nbytes - PREAMBLE_BYTES
-
-
-def parse_preamble(data: bytes | memoryview, offset: int = 0) -> Preamble:
-    """The preamble at `offset`; DecodeError if there is none (fewer than 48 bytes, or fields no sender
-    would write)."""
-    try:
-        nbytes, opcode, slot, buffer_offset, length, roffset = PREAMBLE.unpack_from(data, offset)
-    except struct.error:
-        raise DecodeError(f"{len(data) - offset} bytes, a preamble has 48") from None
-    if opcode > Opcode.NOTIFY_RECV_READY:
-        raise DecodeError(f"opcode {opcode} is not a Gloo opcode")
-    if length >= MAX_MESSAGE_BYTES:
-        raise DecodeError(f"length {length} is beyond any tensor")
-    if opcode in _PAYLOAD_OPCODES:
-        if nbytes != PREAMBLE_BYTES + length:
-            raise DecodeError(f"nbytes {nbytes} != 48 + length {length}")
-    elif nbytes != PREAMBLE_BYTES:
-        raise DecodeError(f"a notification of {nbytes} bytes (always 48)")
-    if opcode != Opcode.SEND_BUFFER and (buffer_offset or roffset):
-        raise DecodeError(f"offset {buffer_offset} / roffset {roffset} set outside SEND_BUFFER")
-    parse_slot(slot)
-    return Preamble(nbytes, Opcode(opcode), slot, buffer_offset, length, roffset)
-
-
-# What a preamble looks like to a scanner, before parse_preamble decides: nbytes >= 48 and < 2^48, an
-# opcode 0..3, a slot prefix 0..8, a length < 2^48. Zero-filled payloads never match (nbytes would be 0).
-# A lookahead, so that a candidate that parse_preamble refuses does not hide one overlapping it.
-_PREAMBLE_CANDIDATE = re.compile(
-    rb"(?=(?=[\x30-\xff]|.{1,5}[^\x00]).{6}\x00\x00"
-    rb"[\x00-\x03]\x00{7}"
-    rb".{7}[\x00-\x08]"
-    rb".{8}"
-    rb".{6}\x00\x00"
-    rb".{8})",
-    re.DOTALL)
-
-
-# -- events -----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class PairConnect:
-    """The connecting side's first 8 bytes: the pair identifier the listening side gave this pair."""
-    sequence_number: int
-    ts_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class GlooMessage:
-    offset: int                          # stream offset of the preamble
-    ts_first_ns: int
-    ts_last_ns: int
-    preamble: Preamble
-    missing_bytes: int                   # payload bytes the capture lost
-    complete: bool                       # every byte captured (False also when the stream ended inside it)
-
-
-GlooEvent = PairConnect | GlooMessage | Resync
-
-
-class _State(enum.Enum):
-    SEQUENCE = "sequence"
-    PREAMBLE = "preamble"
-    PAYLOAD = "payload"
-    RESYNC = "resync"
-
-
-class GlooStreamDecoder:
-    """One direction of one Gloo pair connection.
-
-    `initiator`: this direction belongs to the connecting side (it starts with the sequence number).
-    `midstream`: the capture did not see the stream's start; decoding begins by scanning for a preamble.
-    Public counters: `offset` (stream bytes received, captured or lost), `lost_bytes` (bytes that could
-    not be decoded), `resyncs`, `messages`, `last_resync_reason`.
-    """
-
-    def __init__(self, *, initiator: bool, midstream: bool = False):
-        self.offset = 0
-        self.lost_bytes = 0
-        self.resyncs = 0
-        self.messages = 0
-        self.last_resync_reason: str | None = None
-        # Bytes already counted in `offset` but not decoded yet: a preamble or sequence number split
-        # across chunks, or (RESYNC) the last bytes scanned, where a preamble may start.
-        self._header = bytearray()
-        self._scan_tail = b""
-        self._unsynced_bytes = 0             # RESYNC: bytes given up on since sync was lost
-        self._unsynced_reason = ""
-        self._preamble: Preamble | None = None
-        self._message_offset = 0
-        self._message_ts_ns = 0
-        self._remaining = 0                  # payload bytes of the current message still to come
-        self._missing = 0                    # payload bytes of the current message the capture lost
-        self._state = _State.SEQUENCE if initiator else _State.PREAMBLE
-        self._events: deque[GlooEvent] = deque()
-        if midstream:
-            self._lose_sync("capture started mid-connection", 0)
-
-    # -- input ------------------------------------------------------------------------------------
-    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
-        events = self._events
-        view = data if data.__class__ is memoryview else memoryview(data)
-        pos, end = 0, len(view)
-        while pos < end:
-            state = self._state
-            if state is _State.PAYLOAD:
-                step = min(self._remaining, end - pos)
-                self._remaining -= step
-                self.offset += step
-                pos += step
-                if not self._remaining:
-                    events.append(self._message_done(ts_ns))
-            elif state is _State.PREAMBLE:
-                pos = self._read_preamble(view, pos, ts_ns, events)
-            elif state is _State.SEQUENCE:
-                pos = self._read_sequence(view, pos, ts_ns, events)
-            else:
-                pos = self._scan(view, pos, ts_ns, events)
-
-    def receive_gap(self, size: int, ts_ns: int) -> None:
-        """`size` stream bytes the capture never saw."""
-        events = self._events
-        self.offset += size
-        if self._state is _State.PAYLOAD:
-            covered = min(size, self._remaining)
-            self._remaining -= covered
-            self._missing += covered
-            size -= covered
-            if not self._remaining:
-                events.append(self._message_done(ts_ns))
-        if size:
-            self._lose_sync(f"{size} bytes lost where a header was due", size)
-
-    def receive_end(self, ts_ns: int) -> None:
-        """The stream ended: a message cut short is reported incomplete, undecoded bytes as lost."""
-        if self._state is _State.PAYLOAD:
-            self._missing += self._remaining
-            self._remaining = 0
-            self._events.append(self._message_done(ts_ns))
-            return
-        self.lost_bytes += len(self._header) + len(self._scan_tail) + self._unsynced_bytes
-        self._header.clear()
-        self._scan_tail = b""
-        self._unsynced_bytes = 0
-
-    def next_event(self) -> GlooEvent | Sentinel:
-        return self._events.popleft() if self._events else NEED_DATA
-
-    # -- states -----------------------------------------------------------------------------------
-    def _read_sequence(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
-        taken = min(CONNECT_SEQUENCE.size - len(self._header), len(view) - pos)
-        self._header += view[pos:pos + taken]
-        self.offset += taken
-        if len(self._header) == CONNECT_SEQUENCE.size:
-            header = bytes(self._header)
-            self._header.clear()
-            sequence_number = CONNECT_SEQUENCE.unpack(header)[0]
-            if 0 <= sequence_number < MAX_SEQUENCE_NUMBER:
-                events.append(PairConnect(sequence_number, ts_ns))
-                self._state = _State.PREAMBLE
-            else:     # not a connecting side after all: these bytes may begin a preamble
-                self._lose_sync(f"connect sequence number {sequence_number} out of range", 0, header)
-        return pos + taken
-
-    def _read_preamble(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
-        if not self._header:
-            self._message_ts_ns = ts_ns
-            if len(view) - pos >= PREAMBLE_BYTES:     # the common case: the whole preamble in this chunk
-                self.offset += PREAMBLE_BYTES
-                self._start_message(view[pos:pos + PREAMBLE_BYTES], ts_ns, events)
-                return pos + PREAMBLE_BYTES
-        taken = min(PREAMBLE_BYTES - len(self._header), len(view) - pos)
-        self._header += view[pos:pos + taken]
-        self.offset += taken
-        if len(self._header) == PREAMBLE_BYTES:
-            header = bytes(self._header)
-            self._header.clear()
-            self._start_message(header, ts_ns, events)
-        return pos + taken
-
-    def _start_message(self, header: bytes | memoryview, ts_ns: int, events: deque) -> None:
-        """A preamble's 48 bytes, just counted in `offset`."""
-        try:
-            preamble = parse_preamble(header)
-        except DecodeError as exc:
-            # Scan again from the byte after the one that failed to start a preamble.
-            self._lose_sync(str(exc), 1, bytes(header[1:]))
-            return
-        self._preamble = preamble
-        self._message_offset = self.offset - PREAMBLE_BYTES
-        self._remaining = preamble.payload_bytes
-        self._missing = 0
-        if self._remaining:
-            self._state = _State.PAYLOAD
-        else:
-            events.append(self._message_done(ts_ns))
-
-    def _message_done(self, ts_ns: int) -> GlooMessage:
-        self._state = _State.PREAMBLE
-        self.messages += 1
-        return GlooMessage(self._message_offset, self._message_ts_ns, ts_ns, self._preamble, self._missing,
-                           not self._missing)
-
-    # -- resynchronisation ------------------------------------------------------------------------
-    def _lose_sync(self, reason: str, lost_bytes: int, scan_from: bytes = b"") -> None:
-        """Stop decoding: `lost_bytes` more bytes are given up on; scanning resumes with `scan_from`, the
-        last bytes counted in `offset`."""
-        if self._state is not _State.RESYNC:
-            self._unsynced_reason = reason
-        # Bytes held for decoding or scanning no longer continue into what follows.
-        self._unsynced_bytes += lost_bytes + len(self._header) + len(self._scan_tail)
-        self._header.clear()
-        self._scan_tail = scan_from
-        self._state = _State.RESYNC
-
-    def _scan(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
-        """Look for a preamble in the held bytes followed by view[pos:]."""
-        tail = self._scan_tail
-        window = tail + bytes(view[pos:])
-        window_offset = self.offset - len(tail)
-        for candidate in _PREAMBLE_CANDIDATE.finditer(window):
-            start = candidate.start()
-            try:
-                parse_preamble(window, start)
-            except DecodeError:
-                continue
-            lost = self._unsynced_bytes + start
-            self.lost_bytes += lost
-            self.resyncs += 1
-            self.last_resync_reason = self._unsynced_reason
-            events.append(Resync(window_offset + start, lost, ts_ns, self._unsynced_reason))
-            self._unsynced_bytes = 0
-            self._scan_tail = b""
-            self._state = _State.PREAMBLE
-            self._message_ts_ns = ts_ns
-            consumed = start + PREAMBLE_BYTES - len(tail)    # > 0: the tail is shorter than a preamble
-            self.offset += consumed
-            self._start_message(window[start:start + PREAMBLE_BYTES], ts_ns, events)
-            return pos + consumed
-        keep = min(len(window), PREAMBLE_BYTES - 1)
-        self._unsynced_bytes += len(window) - keep
-        self._scan_tail = window[len(window) - keep:]
-        self.offset += len(view) - pos
-        return len(view)
-
-
-# -- the rendezvous record ---------------------------------------------------------------------------
-
-_SIZE = struct.Struct("<Q")
-_SOCKADDR_FAMILY = struct.Struct("<H")       # sa_family_t, native order
-_SOCKADDR_PORT = struct.Struct(">H")         # sin_port / sin6_port, network order
-_AF_INET = 2
-_AF_INET6 = 10
-_SOCKADDR_IN6_ADDRESS_OFFSET = 8             # after family, port, flowinfo
-MAX_HOSTNAME_BYTES = 255
-MAX_RANKS = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class RankRecord:
-    """What a rank publishes in the store for its peers (gloo/transport/tcp/context.cc `Rank`)."""
-    hostname: str
-    ip: bytes                                # packed address of the rank's listening socket
-    port: int
-    pair_ids: tuple[int, ...]                # per peer rank: the sequence number that peer sends when it
-    #                                          connects; empty when ranks are used as sequence numbers
-
-
-def parse_rank_record(value: bytes | memoryview) -> RankRecord:
-    """`u64 len, host name, u64 len, Address bytes (sockaddr_storage + seq), ssize_t pair id per rank`."""
-    try:
-        hostname_bytes = _SIZE.unpack_from(value, 0)[0]
-        if hostname_bytes > MAX_HOSTNAME_BYTES:
-            raise DecodeError(f"host name of {hostname_bytes} bytes")
-        address_at = _SIZE.size + hostname_bytes
-        address_bytes = _SIZE.unpack_from(value, address_at)[0]
-        sockaddr_at = address_at + _SIZE.size
-        family = _SOCKADDR_FAMILY.unpack_from(value, sockaddr_at)[0]
-        port = _SOCKADDR_PORT.unpack_from(value, sockaddr_at + 2)[0]
-        if family == _AF_INET:
-            ip = bytes(value[sockaddr_at + 4:sockaddr_at + 8])
-        elif family == _AF_INET6:
-            ip_at = sockaddr_at + _SOCKADDR_IN6_ADDRESS_OFFSET
-            ip = bytes(value[ip_at:ip_at + 16])
-        else:
-            raise DecodeError(f"address family {family}")
-    except struct.error:
-        raise DecodeError("too short for a Gloo rank record") from None
-    pair_ids_at = sockaddr_at + address_bytes
-    pair_id_bytes = len(value) - pair_ids_at
-    if address_bytes < len(ip) + 4 or pair_id_bytes < 0 or pair_id_bytes % CONNECT_SEQUENCE.size \
-            or pair_id_bytes // CONNECT_SEQUENCE.size > MAX_RANKS:
-        raise DecodeError("lengths do not add up to a Gloo rank record")
-    pair_ids = tuple(seq for (seq,) in CONNECT_SEQUENCE.iter_unpack(value[pair_ids_at:]))
-    hostname = bytes(value[_SIZE.size:address_at]).decode("utf-8", "replace")
-    return RankRecord(hostname, ip, port, pair_ids)
-
-
-def split_rank_key(key: str) -> tuple[str, int] | None:
-    """A rendezvous key "<group prefix>/<rank>" -> (group prefix, rank); None for other keys."""
-    group, slash, rank = key.rpartition("/")
-    return (group, int(rank)) if slash and rank.isdigit() else None
-
-
-# -- the capture-level decoder -----------------------------------------------------------------------
 
 Endpoint = tuple[bytes, int]
 CLAIM_PREFIX_BYTES = CONNECT_SEQUENCE.size + PREAMBLE_BYTES     # enough to tell both roles apart
@@ -409,20 +44,7 @@ class Role(enum.Enum):
     UNKNOWN = "unknown"                  # a capture that started mid-connection, on an unknown pair
 
 
-def _is_preamble(prefix: bytes, offset: int) -> bool:
-    try:
-        parse_preamble(prefix, offset)
-    except DecodeError:
-        return False
-    return True
-
-
-def _could_be_sequence_or_preamble(prefix: bytes) -> bool:
-    """False once the first bytes can be neither a connect sequence number nor a preamble's nbytes."""
-    if len(prefix) < CONNECT_SEQUENCE.size:
-        return True
-    first = _SIZE.unpack_from(prefix, 0)[0]
-    return first < MAX_SEQUENCE_NUMBER or PREAMBLE_BYTES <= first < MAX_MESSAGE_BYTES
+_OTHER_ROLE = {Role.INITIATOR: Role.LISTENER, Role.LISTENER: Role.INITIATOR, Role.UNKNOWN: Role.UNKNOWN}
 
 
 @dataclass(slots=True)
@@ -461,12 +83,19 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
     def __init__(self):
         super().__init__()
         self._gloo: dict[int, _GlooStream] = {}
+        self._gloo_by_key: dict[StreamKey, _GlooStream] = {}
         self._store: dict[int, tuple[_StoreConnection, bool]] = {}     # stream -> connection, is the client
         self._store_clients: dict[StreamKey, _StoreConnection] = {}
         self._store_rows: list[dict] = []
         self._records: dict[tuple[str, int], RankRecord] = {}
+        self._host_addresses: frozenset[bytes] = frozenset()
 
     # -- decoders.protocols.base API --------------------------------------------------------------
+    def receive_capturing_host(self, addresses: frozenset[bytes]) -> None:
+        """The local end of a connection the rendezvous cannot place (a two-rank job has a single Gloo
+        connection)."""
+        self._host_addresses = addresses
+
     def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
         stream_id, key, syn_seen = direction.stream_id, direction.key, direction.syn_seen
         prefix = bytes(prefix)
@@ -476,18 +105,30 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             self._store[stream_id] = (connection, False)
             return True
         validate = tcpstore.VALIDATE_PREFIX
+        gloo_peer = (key[2], key[3], key[0], key[1]) in self._gloo_by_key
         if syn_seen and prefix[:len(validate)] == validate[:len(prefix)]:
             if len(prefix) < len(validate):
                 return None
-            connection = _StoreConnection(stream_id, tcpstore.TcpStoreConnection())
+            store = True
+        else:
+            # Without its start (lost, or before the capture) a client shows by a request naming a key.
+            store = False if syn_seen or gloo_peer else tcpstore.looks_like_request(prefix)
+        if store:
+            connection = _StoreConnection(stream_id, tcpstore.TcpStoreConnection(midstream=not syn_seen))
             self._store[stream_id] = (connection, True)
             self._store_clients[key] = connection
             return True
-        role = self._gloo_role(key, syn_seen, prefix)
-        if not isinstance(role, Role):
-            return role
+        reverse = self._gloo_by_key.get((key[2], key[3], key[0], key[1]))
+        if reverse is not None:
+            # The other half of a Gloo pair (claimed whatever this direction's first bytes: the capture may
+            # have lost them, and the decoder then resynchronises on the first preamble it finds).
+            role = _OTHER_ROLE[reverse.role]
+        else:
+            role = self._gloo_role(key, syn_seen, prefix)
+            if not isinstance(role, Role):
+                return None if store is None and role is False else role
         decoder = GlooStreamDecoder(initiator=role is Role.INITIATOR, midstream=role is Role.UNKNOWN)
-        self._gloo[stream_id] = _GlooStream(key, role, decoder)
+        self._gloo[stream_id] = self._gloo_by_key[key] = _GlooStream(key, role, decoder)
         return True
 
     def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
@@ -508,8 +149,9 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             stream.decoder.receive_gap(size, ts_ns)
             self._take_gloo_events(stream)
             return
-        connection, _ = self._store[stream_id]
-        connection.decoder.receive_gap(size, ts_ns)
+        connection, is_client = self._store[stream_id]
+        decoder = connection.decoder
+        (decoder.receive_request_gap if is_client else decoder.receive_response_gap)(size, ts_ns)
         self._take_exchanges(connection)
 
     def receive_end(self, stream_id: int, ts_ns: int) -> None:
@@ -534,8 +176,12 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
                 connection.decoder.receive_end(0)
                 self._take_exchanges(connection)
         pairs = self._resolve_pairs()
+        _, local_ip = self._local_node(pairs)
+        self._complete_ranks(pairs, local_ip)
+        self._ranks_from_traffic(pairs, local_ip)
         local_rank, local_ip = self._local_node(pairs)
         rows = CaptureRows()
+        stream_views = []
         for stream_id, stream in self._gloo.items():
             pair = pairs[_connection(stream.key)]
             src, dst = (stream.key[0], stream.key[1]), (stream.key[2], stream.key[3])
@@ -550,6 +196,7 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
                        "peer_rank": pair.ranks.get(peer), "peer_address": peer and _address(peer),
                        "world_size": self._world_size(pair.group, pairs), "pg": pair.group}
             rows.messages.extend(_message_row(stream_id, message, context) for message in stream.messages)
+            stream_views.append((context, _sequence_space(stream)))
             decoder = stream.decoder
             rows.streams[stream_id] = {"protocol": "gloo", "gloo_role": stream.role.value,
                                        "pair_sequence": stream.sequence_number, "rank": src_rank,
@@ -564,7 +211,9 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             import pandas as pd
 
             from dlcsniff.decoders.collective_ops import collectives_from_messages
-            rows.collectives = frame_rows(collectives_from_messages(pd.DataFrame(rows.messages)))
+            messages = pd.DataFrame(rows.messages)
+            collectives = gloo_sizes.fitted(collectives_from_messages(messages), messages, stream_views)
+            rows.collectives = frame_rows(collectives)
         rows.messages.extend(self._store_rows)
         return rows
 
@@ -578,17 +227,17 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             return Role.INITIATOR if syn_seen else Role.UNKNOWN
         if (key[0], key[1]) in listeners:
             return Role.LISTENER if syn_seen else Role.UNKNOWN
-        if len(prefix) >= PREAMBLE_BYTES and _is_preamble(prefix, 0):
+        if len(prefix) >= PREAMBLE_BYTES and is_preamble(prefix, 0):
             return Role.LISTENER if syn_seen else Role.UNKNOWN
         if not syn_seen:     # caught mid-connection: claimed if a message starts within the first bytes
             starts = range(len(prefix) - PREAMBLE_BYTES + 1)
-            return Role.UNKNOWN if any(_is_preamble(prefix, start) for start in starts) else (
+            return Role.UNKNOWN if any(is_preamble(prefix, start) for start in starts) else (
                 None if len(prefix) < CLAIM_PREFIX_BYTES else False)
         if len(prefix) >= CLAIM_PREFIX_BYTES:
             sequence_number = CONNECT_SEQUENCE.unpack_from(prefix, 0)[0]
             return Role.INITIATOR if syn_seen and 0 <= sequence_number < MAX_SEQUENCE_NUMBER \
-                and _is_preamble(prefix, CONNECT_SEQUENCE.size) else False
-        return None if _could_be_sequence_or_preamble(prefix) else False
+                and is_preamble(prefix, CONNECT_SEQUENCE.size) else False
+        return None if could_be_sequence_or_preamble(prefix) else False
 
     @staticmethod
     def _take_gloo_events(stream: _GlooStream) -> None:
@@ -634,6 +283,99 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             pairs[connection] = _Pair(group, ranks)
         return pairs
 
+    def _complete_ranks(self, pairs: dict[tuple[Endpoint, Endpoint], _Pair], local_ip: bytes | None) -> None:
+        """Ranks the rendezvous left unknown (the capture lost some or all of it), from what remains: a
+        connecting rank's sequence number is its rank when the group's pair identifiers are the ranks
+        themselves (torch 2.13: every record lists 0..k-1; assumed when none was seen); the capturing rank
+        is on every connection (and published its own address); and a group's last unknown rank is the one
+        no connection has."""
+        if local_ip is None:
+            return
+        initiators = {_connection(stream.key): ((stream.key[0], stream.key[1]), stream.sequence_number)
+                      for stream in self._gloo.values() if stream.sequence_number is not None}
+        for group in {pair.group for pair in pairs.values()}:
+            connections = {connection: pair for connection, pair in pairs.items() if pair.group == group}
+            records = [record for (record_group, _), record in self._records.items() if record_group == group]
+            ranks_are_ids = all(record.pair_ids in ((), tuple(range(len(record.pair_ids)))) for record in records)
+            k = self._world_size(group, pairs)
+            for connection, pair in connections.items():
+                initiator = initiators.get(connection)
+                if ranks_are_ids and initiator is not None and initiator[0] not in pair.ranks \
+                        and 0 <= initiator[1] < (k or MAX_RANKS):
+                    pair.ranks[initiator[0]] = initiator[1]
+            local = {rank for pair in connections.values() for end, rank in pair.ranks.items() if end[0] == local_ip}
+            if not local and (own := self._rank_at(group, local_ip, exclude=None)) is not None:
+                local = {own}
+            if len(local) != 1:
+                continue
+            local_rank = local.pop()
+            remote: dict[Endpoint, _Pair] = {}
+            for connection, pair in connections.items():
+                for end in connection:
+                    if end[0] == local_ip:
+                        pair.ranks[end] = local_rank
+                    else:
+                        remote[end] = pair
+            unknown = [end for end, pair in remote.items() if end not in pair.ranks]
+            missing = set(range(k or 0)) - {local_rank} - {pair.ranks[end] for end, pair in remote.items()
+                                                          if end in pair.ranks}
+            if len(unknown) == 1 and len(missing) == 1:
+                remote[unknown[0]].ranks[unknown[0]] = missing.pop()
+
+    def _ranks_from_traffic(self, pairs: dict[tuple[Endpoint, Endpoint], _Pair], local_ip: bytes | None) -> None:
+        """Peers the rendezvous left unknown (up to MAX_GUESSED_PEERS of them), placed by how the capturing
+        rank r's collectives treat them: the ring algorithms send to r-1 (all_reduce, reduce) or r+1
+        (all_gather) and receive from the other neighbour, the barrier sends to r+d and receives from r-d
+        (d = 1, 2, 4, ...), and an all_to_all posts its sends to r+1, r+2, ... in that order. The assignment
+        of the missing ranks that contradicts these least, when no other ties with it, is taken."""
+        if local_ip is None:
+            return
+        for group in {pair.group for pair in pairs.values()}:
+            connections = {connection: pair for connection, pair in pairs.items() if pair.group == group}
+            local = {rank for pair in connections.values() for end, rank in pair.ranks.items() if end[0] == local_ip}
+            k = self._world_size(group, pairs)
+            if len(local) != 1 or k is None:
+                continue
+            rank = local.pop()
+            remote = {end: pair for connection, pair in connections.items() for end in connection
+                      if end[0] != local_ip}
+            unknown = [end for end, pair in remote.items() if end not in pair.ranks]
+            missing = sorted(set(range(k)) - {rank} - {pair.ranks[end] for end, pair in remote.items()
+                                                       if end in pair.ranks})
+            if not unknown or len(unknown) != len(missing) or len(unknown) > MAX_GUESSED_PEERS:
+                continue
+            traffic = self._peer_traffic(remote)
+            scores = []
+            for guess in itertools.permutations(missing):
+                peer = {end: pair.ranks.get(end) for end, pair in remote.items()} | dict(zip(unknown, guess))
+                scores.append((gloo_model.peer_contradictions(traffic, peer, rank, k), guess))
+            scores.sort()
+            if len(scores) == 1 or scores[0][0] < scores[1][0]:
+                for end, guessed in zip(unknown, scores[0][1]):
+                    remote[end].ranks[end] = guessed
+
+    def _peer_traffic(self, remote: dict[Endpoint, _Pair]) -> dict[tuple[str, int], dict]:
+        """Per collective (kind, seq) on the capture: the remote ends it sent to and received from (any
+        message stating a transfer), and per end the time of its first NOTIFY_SEND_READY to that end."""
+        traffic: dict[tuple[str, int], dict] = {}
+        for stream in self._gloo.values():
+            source, destination = (stream.key[0], stream.key[1]), (stream.key[2], stream.key[3])
+            outgoing = destination in remote
+            end = destination if outgoing else source
+            if end not in remote:
+                continue
+            for message in stream.messages:
+                key = _collective_key(message.preamble.slot)
+                if key is None:
+                    continue
+                seen = traffic.setdefault(key, {"to": set(), "from": set(), "first_send_ns": {}})
+                opcode = message.preamble.opcode
+                sends = (opcode != Opcode.NOTIFY_RECV_READY) == outgoing
+                seen["to" if sends else "from"].add(end)
+                if outgoing and opcode == Opcode.NOTIFY_SEND_READY:
+                    seen["first_send_ns"].setdefault(end, message.ts_first_ns)
+        return traffic
+
     def _initiator_rank(self, group: str, listener_rank: int, sequence_number: int | None) -> int | None:
         """The connecting rank: the one whose pair identifier at the listener is the number it sent."""
         if sequence_number is None:
@@ -662,7 +404,14 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
         for connection in pairs:
             ends = {connection[0][0], connection[1][0]}
             addresses = ends if addresses is None else addresses & ends
+        if addresses and len(addresses) > 1 and len(addresses & self._host_addresses) == 1:
+            addresses &= self._host_addresses
         local_ip = next(iter(addresses)) if addresses and len(addresses) == 1 else None
+        if local_ip is not None:
+            for pair in pairs.values():
+                local = {rank for end, rank in pair.ranks.items() if end[0] == local_ip}
+                if pair.group not in local_rank and len(local) == 1:
+                    local_rank[pair.group] = local.pop()
         return local_rank, local_ip
 
     def _world_size(self, group: str | None, pairs: dict) -> int | None:
@@ -704,6 +453,23 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             })
 
 
+MAX_GUESSED_PEERS = 4           # unknown peers placed by the structure of the collectives (permutations tried)
+
+
+def _collective_key(slot: int) -> tuple[str, int] | None:
+    parsed = parse_slot(slot)
+    return None if parsed.kind == P2P else (parsed.kind, parsed.tag)
+
+
+def _sequence_space(stream: _GlooStream) -> gloo_sizes.SequenceSpace:
+    messages = stream.messages
+    start = CONNECT_SEQUENCE.size if stream.sequence_number is not None else 0
+    return gloo_sizes.SequenceSpace([_collective_key(message.preamble.slot) for message in messages],
+                                    [message.offset for message in messages],
+                                    [message.preamble.nbytes for message in messages], start,
+                                    stream.decoder.offset)
+
+
 def _connection(key: StreamKey) -> tuple[Endpoint, Endpoint]:
     """Both directions of a TCP connection share this key."""
     ends = ((key[0], key[1]), (key[2], key[3]))
@@ -739,5 +505,6 @@ def _message_row(stream_id: int, message: GlooMessage, context: dict) -> dict:
         "opcode": preamble.opcode.name, "slot": preamble.slot, "collective": kind,
         "seq": slot.tag if kind not in (P2P, None) else None, "tag": slot.tag, "slot_delta": slot.delta,
         "offset_bytes": preamble.offset, "length_bytes": preamble.length, "roffset_bytes": preamble.roffset,
-        "payload_bytes": preamble.payload_bytes, "missing_bytes": message.missing_bytes, **context,
+        "payload_bytes": preamble.payload_bytes, "missing_bytes": message.missing_bytes,
+        "stream_offset_bytes": message.offset, **context,
     }

@@ -29,7 +29,14 @@ response before sending the next query, so responses are matched to requests in 
 
 `TcpStoreConnection` reads both directions of one client connection and returns `StoreExchange`s (a
 request with its response). A message is decoded once it is whole; messages are small (keys and rank
-addresses), and one beyond `MAX_MESSAGE_BYTES` stops the decoding of its connection, as does lost data.
+addresses), and one beyond `MAX_MESSAGE_BYTES` stops the decoding of its connection.
+
+Lost data costs only the messages it hit. The client writes each request whole (TCPStore.cpp buffers a
+query's fields and sends them at once) and waits for its response before the next query, and the server
+writes each response whole: after lost request bytes, requests resume at the next captured chunk that
+holds whole requests from its first byte to its last; once any byte was lost, a response is a chunk that
+answers the last request sent before it (by capture time), and the requests still waiting before that
+one lost theirs.
 """
 from __future__ import annotations
 
@@ -206,10 +213,51 @@ def _parse_response(reader: _Reader, request: StoreRequest) -> tuple[tuple[bytes
     return (), reader.fixed(_U8)           # CHECK, WAIT, CANCEL_WAIT, BARRIER
 
 
+# Queries whose request starts with a key: a client caught after its first bytes is recognised by one.
+_KEYED_QUERIES = frozenset((Query.SET, Query.COMPARE_SET, Query.GET, Query.ADD, Query.DELETE_KEY, Query.APPEND,
+                            Query.QUEUE_PUSH, Query.QUEUE_POP, Query.QUEUE_LEN, Query.BARRIER))
+_KEY_COUNT_QUERIES = frozenset((Query.CHECK, Query.WAIT, Query.MULTI_GET, Query.MULTI_SET))
+MAX_KEY_BYTES = 4096
+_KEY_PREVIEW_BYTES = 8
+
+
+def looks_like_request(prefix: bytes) -> bool | None:
+    """Whether a TCP direction caught after its first bytes starts with TCPStore requests: any VALIDATE or
+    PING (query byte, u32), then one that names a key (query byte, [u64 key count 1..MAX_KEYS,] u64 key
+    length 1..MAX_KEY_BYTES, printable key); None while the prefix is too short to tell."""
+    at = 0
+    while at < len(prefix) and prefix[at] in (Query.VALIDATE, Query.PING):
+        at += _U8.size + _U32.size
+    if at >= len(prefix):
+        return None
+    try:
+        query = Query(prefix[at])
+    except ValueError:
+        return False
+    at += _U8.size
+    if query in _KEY_COUNT_QUERIES:
+        if len(prefix) < at + _U64.size:
+            return None
+        if not 1 <= _U64.unpack_from(prefix, at)[0] <= MAX_KEYS:
+            return False
+        at += _U64.size
+    elif query not in _KEYED_QUERIES:
+        return False
+    if len(prefix) < at + _U64.size:
+        return None
+    key_bytes = _U64.unpack_from(prefix, at)[0]
+    if not 1 <= key_bytes <= MAX_KEY_BYTES:
+        return False
+    key = prefix[at + _U64.size:at + _U64.size + min(key_bytes, _KEY_PREVIEW_BYTES)]
+    if len(key) < min(key_bytes, _KEY_PREVIEW_BYTES):
+        return None
+    return all(0x20 <= byte < 0x7F for byte in key)
+
+
 class _Direction:
     """Bytes of one direction not decoded yet, with the capture time of each chunk."""
 
-    __slots__ = ("buf", "offset", "chunk_ends", "chunk_ts", "need")
+    __slots__ = ("buf", "offset", "chunk_ends", "chunk_ts", "need", "resync")
 
     def __init__(self):
         self.buf = bytearray()
@@ -217,6 +265,7 @@ class _Direction:
         self.chunk_ends: list[int] = []      # stream offset after each buffered chunk...
         self.chunk_ts: list[int] = []        # ...and its capture time
         self.need = 1                        # bytes the buffer must hold before parsing is worth a try
+        self.resync = False                  # after lost bytes: the next chunk must hold whole messages
 
     def append(self, data: bytes | memoryview, ts_ns: int) -> None:
         self.buf += data
@@ -254,33 +303,72 @@ class TcpStoreConnection:
     """Both directions of one TCPStore client connection (sans-IO).
 
     Public state: `failed` (why decoding stopped, or None), `lost_bytes` (bytes not decoded).
+
+    Until the capture loses bytes of the connection, responses are paired with requests in order. After
+    that (and the reassembly of a direction with a hole may hand over its later bytes after the other
+    direction's), each response chunk is paired in time, once the requests sent before it are known: it
+    must hold one whole response to the last request sent before it, with no lost request in between.
     """
 
-    def __init__(self):
+    def __init__(self, *, midstream: bool = False):
+        """`midstream`: the connection's first bytes are not in the capture (no VALIDATE to expect;
+        requests are taken from the first chunk that holds whole ones, responses paired in time)."""
         self.failed: str | None = None
         self.lost_bytes = 0
-        self._validated = False
+        self._validated = midstream
         self._requests = _Direction()
         self._responses = _Direction()
+        self._requests.resync = midstream
         self._awaiting: deque[StoreRequest] = deque()
+        self._timed = midstream              # responses paired in time (bytes were lost)
+        self._response_chunks: deque[tuple[bytes, int, int]] = deque()   # timed: (bytes, offset, ts_ns)
+        # Capture time of the last request chunk, and of the last one before each loss of request bytes:
+        # a lost request was sent after it.
+        self._last_request_ns = -1
+        self._request_losses: list[int] = []
+        self._request_times: list[int] = []  # timed: when each request decoded since was sent
         self._exchanges: deque[StoreExchange] = deque()
 
     def receive_request_data(self, data: bytes | memoryview, ts_ns: int) -> None:
         self._receive(self._requests, data, ts_ns)
 
     def receive_response_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        if self._timed and self.failed is None:
+            self._response_chunks.append((bytes(data), self._responses.offset, ts_ns))
+            self._responses.offset += len(data)
+            self._pair_responses(final=False)
+            return
         self._receive(self._responses, data, ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int) -> None:
-        """Bytes of either direction lost: requests and responses can no longer be told apart."""
+    def receive_request_gap(self, size: int, ts_ns: int) -> None:
+        """`size` request bytes the capture lost: the request they belong to is lost."""
+        if self.failed is not None:
+            self.lost_bytes += size
+            return
+        self._go_timed()
+        bisect.insort(self._request_losses, self._last_request_ns)
+        self.lost_bytes += size + self._requests.discard()
+        self._requests.offset += size
+        self._requests.resync = True
+
+    def receive_response_gap(self, size: int, ts_ns: int) -> None:
+        """`size` response bytes the capture lost: the response they belong to is lost."""
+        if self.failed is not None:
+            self.lost_bytes += size
+            return
+        self._go_timed()
+        self._responses.offset += size
         self.lost_bytes += size
-        self._fail(f"{size} bytes lost by the capture")
 
     def receive_end(self, ts_ns: int) -> None:
         """The connection ended: requests still waiting are reported without a response."""
+        if self._timed and self.failed is None:
+            self._pair_responses(final=True)
         self._exchanges.extend(StoreExchange(request, None) for request in self._awaiting)
         self._awaiting.clear()
         self.lost_bytes += self._requests.discard() + self._responses.discard()
+        self.lost_bytes += sum(len(chunk) for chunk, _, _ in self._response_chunks)
+        self._response_chunks.clear()
 
     def next_event(self) -> StoreExchange | Sentinel:
         """The next query with its response (None: none came), or NEED_DATA."""
@@ -292,19 +380,98 @@ class TcpStoreConnection:
             self.lost_bytes += len(data)
             return
         direction.append(data, ts_ns)
-        if len(direction.buf) < direction.need:
-            return
-        try:
-            self._decode(self._exchanges)
-        except DecodeError as exc:
-            self._fail(str(exc))
+        if direction is self._requests:
+            self._last_request_ns = ts_ns
+            if direction.resync:
+                self._resync_requests()
+        if len(direction.buf) >= direction.need:
+            try:
+                self._decode()
+            except DecodeError as exc:
+                self._fail(str(exc))
+                return
+        if self._timed:
+            self._pair_responses(final=False)
 
-    def _decode(self, exchanges: deque[StoreExchange]) -> None:
+    def _go_timed(self) -> None:
+        """From now on pair responses in time: the response bytes held become chunks of their own."""
+        if self._timed:
+            return
+        self._timed = True
+        responses = self._responses
+        start = responses.offset
+        for end, ts_ns in zip(responses.chunk_ends, responses.chunk_ts):
+            self._response_chunks.append((bytes(responses.buf[start - responses.offset:end - responses.offset]),
+                                          start, ts_ns))
+            start = end
+        held = len(responses.buf)
+        responses.discard()
+        responses.offset -= held           # the chunks keep their offsets; new bytes follow them
+
+    def _resync_requests(self) -> None:
+        """The buffer is a chunk that follows lost bytes: take it if it holds whole requests exactly."""
+        requests = self._requests
+        found = []
+        reader = _Reader(requests.buf)
+        try:
+            while reader.pos < len(requests.buf):
+                start = reader.pos
+                parsed = _parse_request(reader)
+                found.append((reader.pos - start, parsed))
+        except (_Short, DecodeError):
+            self.lost_bytes += requests.discard()
+            return
+        requests.resync = False
+        self._validated = True
+        for size, (query, keys, values, number) in found:
+            offset, first_ns, last_ns = requests.consume(size)
+            self._take_request(StoreRequest(offset, first_ns, last_ns, size, query, keys, values, number))
+
+    def _take_request(self, request: StoreRequest) -> None:
+        if self._timed:
+            bisect.insort(self._request_times, request.ts_first_ns)
+        if request.query in NO_RESPONSE_QUERIES:
+            self._exchanges.append(StoreExchange(request, None))
+        else:
+            self._awaiting.append(request)
+
+    def _pair_responses(self, *, final: bool) -> None:
+        """Timed pairing of the response chunks whose requests are known (all of them when `final`)."""
+        exchanges = self._exchanges
+        chunks = self._response_chunks
+        while chunks:
+            data, offset, ts_ns = chunks[0]
+            if not final and ts_ns > self._last_request_ns:
+                break                          # requests sent before it may still come
+            chunks.popleft()
+            # A client waits for each response before its next query: a request sent after this one's
+            # (decoded, or lost after another) means its response came earlier.
+            before = [request for request in self._awaiting if request.ts_first_ns <= ts_ns]
+            sent = before[-1].ts_first_ns if before else None
+            if sent is None or _any_between(self._request_losses, sent, ts_ns) \
+                    or _any_between(self._request_times, sent, ts_ns):
+                self.lost_bytes += len(data)
+                continue
+            reader = _Reader(bytearray(data))
+            try:
+                values, number = _parse_response(reader, before[-1])
+            except (_Short, DecodeError):
+                self.lost_bytes += len(data)
+                continue
+            if reader.pos != len(data):
+                self.lost_bytes += len(data)
+                continue
+            while self._awaiting[0] is not before[-1]:
+                exchanges.append(StoreExchange(self._awaiting.popleft(), None))
+            exchanges.append(StoreExchange(self._awaiting.popleft(),
+                                           StoreResponse(offset, ts_ns, ts_ns, len(data), values, number)))
+
+    def _decode(self) -> None:
         requests, responses = self._requests, self._responses
         progress = True
         while progress:
             progress = False
-            if requests.buf and len(requests.buf) >= requests.need:
+            if requests.buf and len(requests.buf) >= requests.need and not requests.resync:
                 reader = _Reader(requests.buf)
                 try:
                     query, keys, values, number = _parse_request(reader)
@@ -315,13 +482,10 @@ class TcpStoreConnection:
                         raise DecodeError(f"connection starts with {query.name}, not VALIDATE + magic")
                     self._validated = True
                     offset, first_ns, last_ns = requests.consume(reader.pos)
-                    request = StoreRequest(offset, first_ns, last_ns, reader.pos, query, keys, values, number)
-                    if query in NO_RESPONSE_QUERIES:
-                        exchanges.append(StoreExchange(request, None))
-                    else:
-                        self._awaiting.append(request)
+                    self._take_request(StoreRequest(offset, first_ns, last_ns, reader.pos, query, keys, values,
+                                                    number))
                     progress = True
-            if responses.buf and len(responses.buf) >= responses.need and self._awaiting:
+            if not self._timed and responses.buf and len(responses.buf) >= responses.need and self._awaiting:
                 reader = _Reader(responses.buf)
                 try:
                     values, number = _parse_response(reader, self._awaiting[0])
@@ -330,7 +494,7 @@ class TcpStoreConnection:
                 else:
                     offset, first_ns, last_ns = responses.consume(reader.pos)
                     response = StoreResponse(offset, first_ns, last_ns, reader.pos, values, number)
-                    exchanges.append(StoreExchange(self._awaiting.popleft(), response))
+                    self._exchanges.append(StoreExchange(self._awaiting.popleft(), response))
                     progress = True
 
     def _fail(self, reason: str) -> None:
@@ -353,3 +517,9 @@ def torchelastic_fields(key: str, value: bytes) -> dict:
     except (ValueError, TypeError, KeyError, IndexError):
         pass
     return {}
+
+
+def _any_between(times: list[int], after: int, before: int) -> bool:
+    """Whether the sorted `times` hold one strictly between `after` and `before`."""
+    i = bisect.bisect_right(times, after)
+    return i < len(times) and times[i] < before

@@ -70,8 +70,11 @@ OPERATIONS = (
 
 
 def write_record(path: Path, record: dict) -> None:
+    """The record as JSON, one operation a line (a matrix job runs hundreds), replacing the file at once."""
+    head = json.dumps({key: value for key, value in record.items() if key != "operations"}, indent=1)
+    operations = ",\n".join(json.dumps(operation) for operation in record["operations"])
     partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(record, indent=1))
+    partial.write_text(f'{head[:-2]},\n "operations": [\n{operations}\n]\n}}\n')
     partial.replace(path)
 
 

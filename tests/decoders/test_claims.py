@@ -25,6 +25,9 @@ CLAIMED = {
     "byteps_server_colocated_2x2": {"pslite", "zmtp"},
     "byteps_zmq414_2s2w": {"pslite"},
     "gloo": {"gloo", "tcpstore", "tcp"},
+    # the Gloo matrix (lab/gloo_matrix.py); "tcp": TCPStore connections that closed without a byte
+    "gloo_matrix_k2": {"gloo", "tcpstore", "tcp"},
+    "gloo_matrix_k3": {"gloo", "tcpstore", "tcp"},
     "mxnet_1s1w": {"pslite", "tcp"},
     "mxnet_3s4w": {"pslite"},
     "mxnet_async": {"pslite", "tcp"},

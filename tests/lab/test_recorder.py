@@ -270,7 +270,8 @@ def check_captures(job) -> None:
         assert any(node["capture_stats"]["packets_dropped_by_kernel"] > 0 for node in job.meta["nodes"])
 
 
-@pytest.mark.parametrize("job_name", [*PSLITE_JOBS, "mxnet_noise", "zmq", "gloo"])
+@pytest.mark.parametrize("job_name", [*PSLITE_JOBS, "mxnet_noise", "zmq", "gloo", "gloo_matrix_k2",
+                                      "gloo_matrix_k3"])
 def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
     job = load_job(PCAPS / job_name)
     check_captures(job)

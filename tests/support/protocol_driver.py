@@ -45,6 +45,7 @@ def run_decoders(path: str | Path, decoders: list, *, batched: bool = True) -> t
     driver = BatchDecoder(capture.tcp, capture, ParseStats())
     with open_capture(path) as reader:
         for item in reader.batches() if batched else reader:
+            capture.observe_link_layer(item)
             driver.feed(item)
     capture.end_of_input()
     keys = {s.stream_id: (ip_to_str(s.key[0]), s.key[1], ip_to_str(s.key[2]), s.key[3]) for s in capture.tcp.streams}
