@@ -1,0 +1,101 @@
+"""The network simulators a replay can run on, each simulation in a process of its own.
+
+SimGrid's engine and ns-3's simulator are process-wide singletons (SimGrid aborts on a second engine): every
+replay runs in a forked child, which sends its result back through a pipe (a pickle) and exits. Several
+replays (a what-if curve) run side by side, one child per core at most.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import struct
+from collections.abc import Sequence
+
+import pandas as pd
+
+from dlcsniff.analysis.simulate_network import Links
+from dlcsniff.analysis.simulate_replay import Program, ReplayError, replay
+
+ENGINES = ("simgrid", "ns3")
+_LENGTH = struct.Struct("<Q")
+
+
+def _simulate(engine: str, program: Program, links: Links) -> pd.DataFrame:
+    if engine == "simgrid":
+        from dlcsniff.analysis import simulate_simgrid as simulator
+    elif engine == "ns3":
+        from dlcsniff.analysis import simulate_ns3 as simulator
+    else:
+        raise ReplayError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    return simulator.run(links, lambda network: replay(program, network))
+
+
+def _child(engine: str, program: Program, links: Links, write_fd: int) -> None:
+    try:
+        outcome = ("result", _simulate(engine, program, links))
+    except ReplayError as exc:
+        outcome = ("error", str(exc))
+    except BaseException as exc:                              # reported to the parent, never a traceback
+        outcome = ("error", f"the {engine} simulation failed: {type(exc).__name__}: {exc}")
+    data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    with os.fdopen(write_fd, "wb") as out:
+        out.write(_LENGTH.pack(len(data)) + data)
+
+
+def _fork(engine: str, program: Program, links: Links) -> tuple[int, int]:
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        code = 0
+        try:
+            _child(engine, program, links, write_fd)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: int | None = None
+                 ) -> list[pd.DataFrame]:
+    """Replay each (program, links) on `engine`, up to `processes` at once (default: one per core); the
+    message times of each (simulate_replay.TIMES_COLUMNS), in order."""
+    if engine not in ENGINES:
+        raise ReplayError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    processes = max(1, processes or os.cpu_count() or 1)
+    results: list[pd.DataFrame | None] = [None] * len(runs)
+    waiting = list(enumerate(runs))
+    running: dict[int, tuple[int, int, bytearray]] = {}       # read fd -> (run, pid, bytes so far)
+    errors = []
+    with selectors.DefaultSelector() as selector:
+        while waiting or running:
+            while waiting and len(running) < processes:
+                index, (program, links) = waiting.pop(0)
+                pid, fd = _fork(engine, program, links)
+                running[fd] = (index, pid, bytearray())
+                selector.register(fd, selectors.EVENT_READ)
+            for key, _ in selector.select():
+                fd = key.fd
+                index, pid, buffer = running[fd]
+                chunk = os.read(fd, 1 << 20)
+                if chunk:
+                    buffer += chunk
+                    continue
+                selector.unregister(fd)
+                os.close(fd)
+                del running[fd]
+                _, status = os.waitpid(pid, 0)
+                if len(buffer) < _LENGTH.size:
+                    errors.append(f"the {engine} simulation died (wait status {status})")
+                    continue
+                kind, value = pickle.loads(bytes(buffer[_LENGTH.size:]))
+                if kind == "error":
+                    errors.append(value)
+                else:
+                    results[index] = value
+    if errors:
+        raise ReplayError(errors[0])
+    return results

@@ -1,0 +1,88 @@
+"""The replay's network on SimGrid (Debian's python3-simgrid, 3.32): flow-level TCP.
+
+Every node is a host on a star (SimGrid's star zone): its own full-duplex link to a non-blocking switch
+(`links.rates_bit_s[node]` each way, half the one-way latency on each side), behind a link of the host's own
+limit, shared by both ways, when the calibration found one. A message is a host-to-host
+communication (s4u Comm::sendto_async) of its size; concurrent transfers share the links as SimGrid's LV08
+model shares them (max-min fairness with TCP's RTT bias, the latency factor of TCP's slow start; validated
+against packet-level TCP in SimGrid's literature), except its bandwidth factor, which is set to what a TCP
+payload gets of an Ethernet link (`efficiency`, MSS over frame bytes) rather than LV08's 0.97.
+
+The replay runs in one controller actor, which starts the transfers and waits for whichever ends first
+(Comm::wait_any_for), up to the replay's next timer. simgrid is imported here only, when a simulation runs.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from dlcsniff.analysis.simulate_network import UNLIMITED_BIT_S, Links
+from dlcsniff.analysis.simulate_replay import ReplayError
+
+SWITCH_ZONE = "switch"
+CONTROLLER_SPEED_FLOPS = 1e9       # the controller actor's host computes nothing
+
+
+class _SimgridNetwork:
+    def __init__(self, simgrid, hosts: list) -> None:
+        self._sg = simgrid
+        self._hosts = hosts
+        self._comms: list = []
+        self._messages: list[int] = []
+
+    def now(self) -> float:
+        return self._sg.Engine.clock
+
+    def start(self, message: int, src: int, dst: int, size_bytes: float) -> None:
+        self._comms.append(self._sg.Comm.sendto_async(self._hosts[src], self._hosts[dst], max(int(size_bytes), 1)))
+        self._messages.append(message)
+
+    def advance(self, until_s: float) -> list[tuple[int, float]]:
+        if not self._comms:
+            if math.isinf(until_s):
+                return []
+            self._sg.this_actor.sleep_until(until_s)
+            return []
+        timeout = -1.0 if math.isinf(until_s) else max(until_s - self.now(), 0.0)
+        index = self._sg.Comm.wait_any_for(self._comms, timeout)
+        if index < 0:
+            return []
+        self._comms.pop(index)
+        return [(self._messages.pop(index), self.now())]
+
+
+def run(links: Links, replay: Callable[[_SimgridNetwork], object]):
+    """Build the star of `links`, run `replay(network)` in a controller actor, and return what it returned."""
+    try:
+        import simgrid
+    except ImportError as exc:
+        raise ReplayError("SimGrid's Python module is missing (`make setup` installs Debian's python3-simgrid "
+                          f"and links it into the venv): {exc}") from None
+    # The engine is a process-wide singleton in SimGrid: one simulation per process.
+    if getattr(simgrid.Engine, "_dlcsniff_used", False):
+        raise ReplayError("SimGrid runs one simulation per process")
+    engine = simgrid.Engine(["dlcsniff", "--cfg=network/model:LV08",
+                             f"--cfg=network/bandwidth-factor:{links.efficiency}", "--log=root.thres:critical"])
+    simgrid.Engine._dlcsniff_used = True
+    zone = simgrid.NetZone.create_star_zone(SWITCH_ZONE)
+    hosts = []
+    for node, (rate, host_rate) in enumerate(zip(links.rates_bit_s, links.host_bit_s)):
+        host = zone.create_host(f"node{node}", CONTROLLER_SPEED_FLOPS).seal()
+        link = zone.create_split_duplex_link(f"link{node}", float(rate) / 8).set_latency(links.latency_s / 2).seal()
+        route = [simgrid.LinkInRoute(link, simgrid.LinkInRoute.UP)]
+        if host_rate < UNLIMITED_BIT_S:
+            # the host's own limit, shared by what it sends and receives
+            route.insert(0, simgrid.LinkInRoute(zone.create_link(f"host{node}", float(host_rate) / 8).seal()))
+        zone.add_route(host.netpoint, None, None, None, route, True)
+        hosts.append(host)
+    zone.seal()
+    result = {}
+
+    def controller() -> None:
+        result["value"] = replay(_SimgridNetwork(simgrid, hosts))
+
+    simgrid.Actor.create("replay", hosts[0], controller)
+    engine.run()
+    if "value" not in result:
+        raise ReplayError("the SimGrid simulation ended before the replay did")
+    return result["value"]
