@@ -2,7 +2,8 @@
 
 SimGrid's engine and ns-3's simulator are process-wide singletons (SimGrid aborts on a second engine): every
 replay runs in a forked child, which sends its result back through a pipe (a pickle) and exits. Several
-replays (a what-if curve) run side by side, one child per core at most.
+replays (a what-if curve) run side by side, one child per core at most. ns-3 is imported (and its transport
+compiled) in the parent first, so that each child does not pay for it again.
 """
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: 
     if engine not in ENGINES:
         raise ReplayError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
     processes = max(1, processes or os.cpu_count() or 1)
+    if engine == "ns3":
+        from dlcsniff.analysis import simulate_ns3
+        simulate_ns3.load()             # imported and compiled once, here: every child inherits it
     results: list[pd.DataFrame | None] = [None] * len(runs)
     waiting = list(enumerate(runs))
     running: dict[int, tuple[int, int, bytearray]] = {}       # read fd -> (run, pid, bytes so far)

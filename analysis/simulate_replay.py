@@ -87,7 +87,7 @@ def replay(program: Program, network: Network) -> pd.DataFrame:
     waiting = np.bincount(program.deps["child"].to_numpy(np.int64), minlength=n)
     ready_at = np.zeros(n)
     issue, start, end = (np.full(n, np.nan) for _ in range(3))
-    timers = [(float(delay[m]), m) for m in np.flatnonzero(waiting == 0)]
+    timers = [(float(delay[m]), int(m)) for m in np.flatnonzero(waiting == 0)]
     heapq.heapify(timers)
     queues: dict[tuple[int, int], deque] = {}
     busy: set[tuple[int, int]] = set()
