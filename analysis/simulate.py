@@ -175,7 +175,8 @@ def _summary(job: _Job, what_if: WhatIf, engine: str, simulated: pd.DataFrame, m
         "parameters": {"engine": engine, "bandwidth_bit_s": what_if.bandwidth_bit_s, "latency_s": what_if.latency_s,
                        "workers": what_if.workers, "servers": what_if.servers,
                        "captured_bandwidth_bit_s": job.calibration.captured_rate_bit_s,
-                       "link_bit_s": [float(rate) for rate in links.rates_bit_s],
+                       "up_bit_s": [float(rate) for rate in links.up_bit_s],
+                       "down_bit_s": [float(rate) for rate in links.down_bit_s],
                        "host_bit_s": [None if rate >= 1e12 else float(rate) for rate in links.host_bit_s],
                        "latency_used_s": links.latency_s},
         "iteration_s_mean": predicted, "measured_iteration_s_mean": measured,
@@ -234,7 +235,7 @@ def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine:
     curve = pd.DataFrame({"rate_bit_s": np.asarray(rates_bit_s, dtype=np.float64),
                           "iteration_s_mean": np.asarray([np.nan if p is None else p for p in predicted])})
     captured = {"measured_iteration_s_mean": _mean(job.measured["iteration_s"]),
-                "link_bit_s": float(np.median(job.calibration.links.rates_bit_s))}
+                "link_bit_s": float(np.median(job.calibration.links.down_bit_s))}
     return curve, captured
 
 

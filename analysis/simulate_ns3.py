@@ -1,8 +1,9 @@
 """The replay's network on ns-3 (PyPI's `ns3` wheel, 3.44, cppyy bindings): packet-level TCP.
 
-Every node is an ns-3 node on a star: a point-to-point link to one switch node (an IPv4 router), at the
-node's link rate (its host's limit when lower) with half the one-way latency, a drop-tail queue of
-QUEUE_S at the rate, as a switch port's buffer. Each direction of a pair of nodes gets one TCP connection
+Every node is an ns-3 node on a star: a point-to-point link to one switch node (an IPv4 router), sending at
+the node's up rate and receiving at its down rate (its host's limit when lower: not shared by both ways, as
+SimGrid's host link is), with half the one-way latency, a drop-tail queue of QUEUE_S at the rate as a switch
+port's buffer. Each direction of a pair of nodes gets one TCP connection
 (ns-3's default TCP: CUBIC, MSS 1448 as at MTU 1500 with timestamps, delayed ACKs), opened when its first
 message leaves; a message is that many bytes written to it, delivered when its last byte is read at the other
 end. The transport (sockets, callbacks, the event loop's stops) is C++ compiled once per process through
@@ -33,8 +34,9 @@ class Transport {
   std::vector<int64_t> done_ids;
   std::vector<double> done_times;
 
-  Transport(const std::vector<double>& rates_bit_s, double latency_s, double queue_s) {
-    uint32_t n = rates_bit_s.size();
+  Transport(const std::vector<double>& up_bit_s, const std::vector<double>& down_bit_s, double latency_s,
+            double queue_s) {
+    uint32_t n = up_bit_s.size();
     Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(1448));
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(4 << 20));
     Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(4 << 20));
@@ -43,11 +45,14 @@ class Transport {
     std::vector<NetDeviceContainer> links;
     for (uint32_t i = 0; i < n; ++i) {
       PointToPointHelper link;
-      link.SetDeviceAttribute("DataRate", DataRateValue(DataRate((uint64_t) rates_bit_s[i])));
       link.SetChannelAttribute("Delay", TimeValue(Seconds(latency_s / 2)));
-      uint32_t packets = std::max<uint32_t>(16, (uint32_t) (rates_bit_s[i] * queue_s / 8 / 1500));
+      uint32_t packets = std::max<uint32_t>(16, (uint32_t) (std::max(up_bit_s[i], down_bit_s[i]) * queue_s / 8 / 1500));
       link.SetQueue("ns3::DropTailQueue", "MaxSize", QueueSizeValue(QueueSize(std::to_string(packets) + "p")));
-      links.push_back(link.Install(m_hosts.Get(i), m_switch.Get(0)));
+      NetDeviceContainer devices = link.Install(m_hosts.Get(i), m_switch.Get(0));
+      // each end of the point-to-point link sends at its own rate: the host's up, the switch port's down
+      devices.Get(0)->SetAttribute("DataRate", DataRateValue(DataRate((uint64_t) up_bit_s[i])));
+      devices.Get(1)->SetAttribute("DataRate", DataRateValue(DataRate((uint64_t) down_bit_s[i])));
+      links.push_back(devices);
     }
     InternetStackHelper stack;
     stack.Install(m_hosts);
@@ -184,8 +189,10 @@ class _Ns3Network:
 
 def run(links: Links, replay: Callable[[_Ns3Network], object]):
     gbl = load()
-    rates = gbl.std.vector["double"]([float(min(rate, host)) for rate, host in zip(links.rates_bit_s, links.host_bit_s)])
-    transport = gbl.dlcsniff_ns3.Transport(rates, float(links.latency_s), QUEUE_S)
+    up, down = ([float(min(rate, host)) for rate, host in zip(rates, links.host_bit_s)]
+                for rates in (links.up_bit_s, links.down_bit_s))
+    vector = gbl.std.vector["double"]
+    transport = gbl.dlcsniff_ns3.Transport(vector(up), vector(down), float(links.latency_s), QUEUE_S)
     transport.Advance(0.0)              # the nodes' initialisation events, before any socket is used
     try:
         return replay(_Ns3Network(transport))

@@ -102,7 +102,7 @@ def network_ends(dataset: Dataset, topology: Topology) -> pd.DataFrame:
         seen = messages[["capture", column, "ts_first_ns", "ts_last_ns", "size_bytes"]].dropna().merge(
             own, left_on=[column, "capture"], right_on=["node_id", "capture"])
         ends.append(pd.DataFrame({"node": dlc_ranks(seen["node_id"].to_numpy(np.int64), topology),
-                                  "first_ns": seen["ts_first_ns"].to_numpy(np.int64),
+                                  "sent": column == "sender_id", "first_ns": seen["ts_first_ns"].to_numpy(np.int64),
                                   "last_ns": seen["ts_last_ns"].to_numpy(np.int64),
                                   "size_bytes": seen["size_bytes"].to_numpy(np.int64)}))
     return pd.concat(ends, ignore_index=True)
@@ -139,16 +139,16 @@ def _answer_pairs(messages: pd.DataFrame) -> pd.DataFrame:
 
 
 def infer_bigarray_bound(requests: pd.DataFrame, servers: int) -> int:
-    """MXNet's split threshold as the capture shows it: at most the smallest split tensor, above every
-    unsplit one (MXNet's default when the capture cannot tell)."""
+    """MXNet's split threshold as the capture shows it: the smallest split tensor, when one was split; above
+    every tensor when several servers split none; MXNet's default when one server cannot tell."""
     per_key = requests.groupby("tensor_key").agg(parts=("server_rank", "nunique"), size=("size_bytes", "sum"),
                                                  requests=("size_bytes", "size"))
     elements = (per_key["size"] / per_key["requests"] * per_key["parts"] / ELEMENT_BYTES)
     split = per_key["parts"] > 1
-    if servers > 1 and split.any():
+    if split.any():
         return int(elements[split].min())
-    if len(elements) and elements.max() >= MXNET_BIGARRAY_BOUND and servers == 1:
-        return int(elements.max()) + 1
+    if servers > 1 and len(elements):
+        return max(MXNET_BIGARRAY_BOUND, int(elements.max()) + 1)
     return MXNET_BIGARRAY_BOUND
 
 

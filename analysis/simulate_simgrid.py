@@ -1,8 +1,8 @@
 """The replay's network on SimGrid (Debian's python3-simgrid, 3.32): flow-level TCP.
 
-Every node is a host on a star (SimGrid's star zone): its own full-duplex link to a non-blocking switch
-(`links.rates_bit_s[node]` each way, half the one-way latency on each side), behind a link of the host's own
-limit, shared by both ways, when the calibration found one. A message is a host-to-host
+Every node is a host on a star (SimGrid's star zone): its own link to a non-blocking switch, one each way
+(`links.up_bit_s[node]`, `links.down_bit_s[node]`, half the one-way latency on each), behind a link of the
+host's own limit, shared by both ways, when the calibration found one. A message is a host-to-host
 communication (s4u Comm::sendto_async) of its size; concurrent transfers share the links as SimGrid's LV08
 model shares them (max-min fairness with TCP's RTT bias, the latency factor of TCP's slow start; validated
 against packet-level TCP in SimGrid's literature), except its bandwidth factor, which is set to what a TCP
@@ -66,14 +66,18 @@ def run(links: Links, replay: Callable[[_SimgridNetwork], object]):
     simgrid.Engine._dlcsniff_used = True
     zone = simgrid.NetZone.create_star_zone(SWITCH_ZONE)
     hosts = []
-    for node, (rate, host_rate) in enumerate(zip(links.rates_bit_s, links.host_bit_s)):
+    for node in range(len(links.up_bit_s)):
         host = zone.create_host(f"node{node}", CONTROLLER_SPEED_FLOPS).seal()
-        link = zone.create_split_duplex_link(f"link{node}", float(rate) / 8).set_latency(links.latency_s / 2).seal()
-        route = [simgrid.LinkInRoute(link, simgrid.LinkInRoute.UP)]
-        if host_rate < UNLIMITED_BIT_S:
-            # the host's own limit, shared by what it sends and receives
-            route.insert(0, simgrid.LinkInRoute(zone.create_link(f"host{node}", float(host_rate) / 8).seal()))
-        zone.add_route(host.netpoint, None, None, None, route, True)
+        up, down = (zone.create_link(f"{way}{node}", float(rate) / 8).set_latency(links.latency_s / 2).seal()
+                    for way, rate in (("up", links.up_bit_s[node]), ("down", links.down_bit_s[node])))
+        to_switch, from_switch = [simgrid.LinkInRoute(up)], [simgrid.LinkInRoute(down)]
+        if links.host_bit_s[node] < UNLIMITED_BIT_S:
+            # the host's own limit, shared by what it sends and what it receives
+            limit = zone.create_link(f"host{node}", float(links.host_bit_s[node]) / 8).seal()
+            to_switch.insert(0, simgrid.LinkInRoute(limit))
+            from_switch.append(simgrid.LinkInRoute(limit))
+        zone.add_route(host.netpoint, None, None, None, to_switch, False)
+        zone.add_route(None, host.netpoint, None, None, from_switch, False)
         hosts.append(host)
     zone.seal()
     result = {}
