@@ -70,6 +70,7 @@ class _Job:
 
     kind: str                                # "pslite" or "collectives"
     measured: pd.DataFrame                   # the capture's iterations
+    measured_span_s: float                   # first byte of the first modelled message to the last byte of the last
     calibration: Calibration
     node_names: list[str]
     model_summary: dict
@@ -108,7 +109,9 @@ def _pslite_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job | N
                "requests_queued_on_their_connection": model.queued_requests,
                "answers_queued_on_their_connection": model.queued_answers,
                "bigarray_bound_elements": model.bigarray_bound}
-    return _Job("pslite", worker_iterations(trace), calibration, names, summary, build)
+    messages = ps.data_messages(trace)
+    span = (np.nanmax(messages["recv_ns"].to_numpy(np.float64)) - model.origin_ns) / 1e9
+    return _Job("pslite", worker_iterations(trace), span, calibration, names, summary, build)
 
 
 def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job:
@@ -134,7 +137,9 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
 
     summary = {"kind": "collectives", "ranks": model.ranks, "messages": int(len(model.messages)),
                "collectives_per_iteration": model.period, "message_ends_unmatched": model.unmatched}
-    return _Job("collectives", measured, calibration, [f"rank{r}" for r in range(model.ranks)], summary, build)
+    span = (model.messages["recv_ns"].max() - model.origin_ns) / 1e9
+    return _Job("collectives", measured, float(span), calibration, [f"rank{r}" for r in range(model.ranks)], summary,
+                build)
 
 
 def load_job(decode_dir: str | Path, captured_rate_bit_s: float | None = None) -> _Job:
@@ -185,13 +190,14 @@ def _summary(job: _Job, what_if: WhatIf, engine: str, simulated: pd.DataFrame, m
         "measured_communication_s_mean": _mean(job.measured["communication_s"]),
         "overlap_ratio_mean": _mean(simulated["overlap_ratio"]),
         "measured_overlap_ratio_mean": _mean(job.measured["overlap_ratio"]),
+        "span_s": float(np.nanmax(times["end_s"])) if len(times) else None,
+        "measured_span_s": job.measured_span_s,
         "per_worker": per_worker,
         "statistics": {name: describe(simulated[name]) for name in ITERATION_STATISTICS},
         "measured_statistics": {name: describe(job.measured[name]) for name in ITERATION_STATISTICS},
         "model": job.model_summary,
         "network": job.calibration.summary(job.node_names),
-        "simulation": {"messages": int(len(messages)), "simulated_s": float(np.nanmax(times["end_s"])) if len(times)
-                       else 0.0, "wall_s": wall_s},
+        "simulation": {"messages": int(len(messages)), "wall_s": wall_s},
     })
 
 
@@ -219,24 +225,34 @@ def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: 
     return Simulation(summary, simulated, job.measured, messages, keys)
 
 
-def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE,
-                    captured_rate_bit_s: float | None = None) -> tuple[pd.DataFrame, dict]:
-    """Predicted mean iteration time at each link rate (one replay each, side by side), and the capture's own
-    point: (frame of rate_bit_s, iteration_s_mean; {"measured_iteration_s_mean", "link_bit_s"})."""
+def predict(decode_dir: str | Path, what_ifs: list[WhatIf], *, engine: str = DEFAULT_ENGINE,
+            captured_rate_bit_s: float | None = None, processes: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """The mean iteration time each what-if predicts (one replay each, side by side): a frame of
+    iteration_s_mean and wall_s (the simulation's) per what-if; and the capture's own figures
+    ({"measured_iteration_s_mean", "link_bit_s"}: its measured iteration time and median calibrated link)."""
     from dlcsniff.analysis.simulate_engines import simulate_all
 
     job = load_job(decode_dir, captured_rate_bit_s)
-    prepared = [_prepare(job, WhatIf(bandwidth_bit_s=rate)) for rate in rates_bit_s]
+    prepared = [_prepare(job, what_if) for what_if in what_ifs]
     try:
-        results = simulate_all(engine, [(program, links) for program, links, _ in prepared])
+        results = simulate_all(engine, [(program, links) for program, links, _ in prepared], processes)
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
     predicted = [_mean(read(times)[0]["iteration_s"]) for (_, _, read), times in zip(prepared, results)]
-    curve = pd.DataFrame({"rate_bit_s": np.asarray(rates_bit_s, dtype=np.float64),
-                          "iteration_s_mean": np.asarray([np.nan if p is None else p for p in predicted])})
+    frame = pd.DataFrame({"iteration_s_mean": [np.nan if p is None else p for p in predicted],
+                          "wall_s": [times.attrs.get("wall_s", np.nan) for times in results]})
     captured = {"measured_iteration_s_mean": _mean(job.measured["iteration_s"]),
                 "link_bit_s": float(np.median(job.calibration.links.down_bit_s))}
-    return curve, captured
+    return frame, captured
+
+
+def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE,
+                    captured_rate_bit_s: float | None = None) -> tuple[pd.DataFrame, dict]:
+    """Predicted mean iteration time at each link rate (rate_bit_s, iteration_s_mean), and the capture's own
+    point (see `predict`)."""
+    frame, captured = predict(decode_dir, [WhatIf(bandwidth_bit_s=rate) for rate in rates_bit_s], engine=engine,
+                              captured_rate_bit_s=captured_rate_bit_s)
+    return frame.assign(rate_bit_s=np.asarray(rates_bit_s, dtype=np.float64))[["rate_bit_s", "iteration_s_mean"]], captured
 
 
 def write_simulation(decode_dir: str | Path, out_dir: str | Path, what_if: WhatIf = WhatIf(), *, force: bool = False,

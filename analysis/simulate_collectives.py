@@ -1,7 +1,7 @@
 """A collective-library job (Gloo over TCP) as the replay's program, and its iterations.
 
 The model is the job's own messages between ranks, as both ends captured them (the sender's first byte, the
-receiver's last; matched in order per pair of ranks and process group: one TCP connection each), so every
+receiver's last; matched by pair of ranks, process group, operation and size, in order), so every
 collective keeps the algorithm, chunking and order the library used. A rank sends a message once it has
 received what it had received from each peer before that message left in the capture, and has issued its
 own previous message (happens-before, as trace replay of message-passing programs does); the time from the
@@ -81,12 +81,15 @@ def collective_model(decode_dir: str | Path) -> CollectiveModel:
     raw = _aligned(raw, decode_dir)
     ops = _read(decode_dir, "collectives.parquet", COLLECTIVE_COLUMNS, None)
     own = raw[raw["local_rank"] == np.where(raw["outgoing"], raw["src_rank"], raw["dst_rank"])]
-    key = ["pg", "src_rank", "dst_rank"]
+    # a message is the same at both ends by its pair, operation and size, and its rank among those
+    key = ["pg", "src_rank", "dst_rank", "collective", "seq", "size_bytes"]
     sent = own[own["outgoing"]].sort_values("ts_first_ns", kind="stable")
     got = own[~own["outgoing"]].sort_values("ts_first_ns", kind="stable")
-    sent = sent.assign(k=sent.groupby(key).cumcount())
-    got = got.assign(k=got.groupby(key).cumcount())
+    sent = sent.assign(k=sent.groupby(key, dropna=False).cumcount())
+    got = got.assign(k=got.groupby(key, dropna=False).cumcount())
     both = sent.merge(got[key + ["k", "ts_first_ns", "ts_last_ns"]], on=key + ["k"], suffixes=("", "_r"))
+    # a capture that lost packets can pair a message with another: never one that arrived before it left
+    both = both[both["ts_last_ns_r"] >= both["ts_first_ns"]]
     unmatched = len(sent) + len(got) - 2 * len(both)
     rank0 = ops[ops["local_rank"] == ops["local_rank"].min()].sort_values("seq")
     rank0 = rank0[rank0["kind"].isin(["send", "recv"]) == False]  # noqa: E712 - p2p calls have their own seq
@@ -97,7 +100,7 @@ def collective_model(decode_dir: str | Path) -> CollectiveModel:
     messages = pd.DataFrame({
         "src": both["src_rank"].to_numpy(np.int64), "dst": both["dst_rank"].to_numpy(np.int64),
         "pg": both["pg"].to_numpy(), "kind": [kinds.get(p, str(c)) for p, c in zip(pair, both["collective"])],
-        "seq": both["seq"].to_numpy(np.int64),
+        "seq": both["seq"].fillna(-1).to_numpy(np.int64),
         "iteration": np.array([step.get(p, -1) for p in pair], dtype=np.int64),
         "size_bytes": both["size_bytes"].to_numpy(np.int64),
         "send_ns": both["ts_first_ns"].to_numpy(np.int64), "send_last_ns": both["ts_last_ns"].to_numpy(np.int64),

@@ -2,8 +2,8 @@
 
 SimGrid's engine and ns-3's simulator are process-wide singletons (SimGrid aborts on a second engine): every
 replay runs in a forked child, which sends its result back through a pipe (a pickle) and exits. Several
-replays (a what-if curve) run side by side, one child per core at most. ns-3 is imported (and its transport
-compiled) in the parent first, so that each child does not pay for it again.
+replays (a what-if curve) run side by side, one child per core at most. Each child imports its simulator:
+a process that once loaded ns-3 (cppyy, which installs its own signal handlers) cannot run SimGrid after it.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import pickle
 import selectors
 import struct
+import time
 from collections.abc import Sequence
 
 import pandas as pd
@@ -34,7 +35,10 @@ def _simulate(engine: str, program: Program, links: Links) -> pd.DataFrame:
 
 def _child(engine: str, program: Program, links: Links, write_fd: int) -> None:
     try:
-        outcome = ("result", _simulate(engine, program, links))
+        began = time.perf_counter()
+        times = _simulate(engine, program, links)
+        times.attrs["wall_s"] = time.perf_counter() - began
+        outcome = ("result", times)
     except ReplayError as exc:
         outcome = ("error", str(exc))
     except BaseException as exc:                              # reported to the parent, never a traceback
@@ -63,13 +67,11 @@ def _fork(engine: str, program: Program, links: Links) -> tuple[int, int]:
 def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: int | None = None
                  ) -> list[pd.DataFrame]:
     """Replay each (program, links) on `engine`, up to `processes` at once (default: one per core); the
-    message times of each (simulate_replay.TIMES_COLUMNS), in order."""
+    message times of each (simulate_replay.TIMES_COLUMNS; attrs["wall_s"]: the simulation's wall time), in
+    order."""
     if engine not in ENGINES:
         raise ReplayError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
     processes = max(1, processes or os.cpu_count() or 1)
-    if engine == "ns3":
-        from dlcsniff.analysis import simulate_ns3
-        simulate_ns3.load()             # imported and compiled once, here: every child inherits it
     results: list[pd.DataFrame | None] = [None] * len(runs)
     waiting = list(enumerate(runs))
     running: dict[int, tuple[int, int, bytearray]] = {}       # read fd -> (run, pid, bytes so far)

@@ -235,7 +235,7 @@ def _part_bytes(total_bytes: np.ndarray, servers: int) -> np.ndarray:
     return np.diff(edges, axis=1) * ELEMENT_BYTES
 
 
-def _with_servers(requests: pd.DataFrame, servers: int, bound: int) -> pd.DataFrame:
+def place_keys(requests: pd.DataFrame, servers: int, bound: int) -> pd.DataFrame:
     """The requests with their keys placed on `servers` servers as MXNet places them."""
     group = ["worker_rank", "iteration", "tensor_key", "slot"]
     keys = requests.groupby(group, sort=False).agg(
@@ -278,7 +278,7 @@ def build_program(model: PsliteModel, workers: int | None = None, servers: int |
     if workers != model.topology.workers:
         requests = _with_workers(requests, workers)
     if servers != model.topology.servers:
-        requests = _with_servers(requests, servers, model.bigarray_bound)
+        requests = place_keys(requests, servers, model.bigarray_bound)
     requests = requests.sort_values(["worker_rank", "iteration", "order", "server_rank"], ignore_index=True)
     n = len(requests)
     request_id = 2 * np.arange(n)

@@ -5,15 +5,19 @@ Every node is a host on a star (SimGrid's star zone): its own link to a non-bloc
 host's own limit, shared by both ways, when the calibration found one. A message is a host-to-host
 communication (s4u Comm::sendto_async) of its size; concurrent transfers share the links as SimGrid's LV08
 model shares them (max-min fairness with TCP's RTT bias, the latency factor of TCP's slow start; validated
-against packet-level TCP in SimGrid's literature), except its bandwidth factor, which is set to what a TCP
-payload gets of an Ethernet link (`efficiency`, MSS over frame bytes) rather than LV08's 0.97.
+against packet-level TCP in SimGrid's literature), except two of its settings: the bandwidth factor is what a TCP
+payload gets of an Ethernet link (`efficiency`, MSS over frame bytes) rather than LV08's 0.97, and the reverse
+traffic of acknowledgements (LV08's cross-traffic, 5 % of the flow) is left out: the calibration measured
+payload rates with the real acknowledgements on the wire.
 
 The replay runs in one controller actor, which starts the transfers and waits for whichever ends first
 (Comm::wait_any_for), up to the replay's next timer. simgrid is imported here only, when a simulation runs.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Callable
 
 from dlcsniff.analysis.simulate_network import UNLIMITED_BIT_S, Links
@@ -51,17 +55,31 @@ class _SimgridNetwork:
         return [(self._messages.pop(index), self.now())]
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """SimGrid's module says on import that it chose its thread contexts (on stderr, from C++)."""
+    saved = os.dup(2)
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run(links: Links, replay: Callable[[_SimgridNetwork], object]):
     """Build the star of `links`, run `replay(network)` in a controller actor, and return what it returned."""
     try:
-        import simgrid
+        with _quiet_stderr():
+            import simgrid
     except ImportError as exc:
         raise ReplayError("SimGrid's Python module is missing (`make setup` installs Debian's python3-simgrid "
                           f"and links it into the venv): {exc}") from None
     # The engine is a process-wide singleton in SimGrid: one simulation per process.
     if getattr(simgrid.Engine, "_dlcsniff_used", False):
         raise ReplayError("SimGrid runs one simulation per process")
-    engine = simgrid.Engine(["dlcsniff", "--cfg=network/model:LV08",
+    engine = simgrid.Engine(["dlcsniff", "--cfg=network/model:LV08", "--cfg=network/crosstraffic:0",
                              f"--cfg=network/bandwidth-factor:{links.efficiency}", "--log=root.thres:critical"])
     simgrid.Engine._dlcsniff_used = True
     zone = simgrid.NetZone.create_star_zone(SWITCH_ZONE)
@@ -83,10 +101,16 @@ def run(links: Links, replay: Callable[[_SimgridNetwork], object]):
     result = {}
 
     def controller() -> None:
-        result["value"] = replay(_SimgridNetwork(simgrid, hosts))
+        # an exception must not leave the actor: SimGrid aborts the process on one
+        try:
+            result["value"] = replay(_SimgridNetwork(simgrid, hosts))
+        except Exception as exc:
+            result["error"] = exc
 
     simgrid.Actor.create("replay", hosts[0], controller)
     engine.run()
+    if "error" in result:
+        raise result["error"]
     if "value" not in result:
         raise ReplayError("the SimGrid simulation ended before the replay did")
     return result["value"]
