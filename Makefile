@@ -3,8 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 \
-	python3-simgrid
+# chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
+# python3-simgrid: `dlcsniff simulate`'s SimGrid
+APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
+	linux-headers-amd64 chromium python3-simgrid
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -25,6 +27,7 @@ endef
 
 sys:
 	$(call apt_install,$(APT_PACKAGES))
+	@command -v chromium >/dev/null || { echo "chromium is missing after apt-get install chromium: the report's browser tests need it" >&2; exit 1; }
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

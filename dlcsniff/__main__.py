@@ -1,3 +1,3 @@
-from dlcsniff.cli import app
+from dlcsniff.cli import main
 
-app(prog_name="dlcsniff")
+main()

@@ -71,6 +71,13 @@ def test_quiet_prints_nothing_but_errors_and_verbose_says_how_long(tmp_path):
     assert "decoded " in verbose.stderr and " s" in verbose.stderr
     failed = run("-q", "decode", PCAPS / "zmq", "--out", tmp_path / "q", check=False)   # not without --force
     assert failed.returncode == 1 and "error:" in failed.stderr
+    # after the command name too, where users type them; -- ends the options
+    assert run("decode", PCAPS / "zmq", "--out", tmp_path / "q2", "-q").stdout == ""
+    assert "decoded " in run("decode", PCAPS / "zmq", "--out", tmp_path / "v2", "--verbose").stderr
+    both = run("-q", "decode", PCAPS / "zmq", "--out", tmp_path / "qv", "-v", check=False)
+    assert both.returncode == 1 and "exclude each other" in both.stderr
+    literal = run("decode", "--out", tmp_path / "dash", "--", "-q", check=False)
+    assert literal.returncode == 1 and "-q: no such file" in literal.stderr
 
 
 @pytest.mark.parametrize("args", [

@@ -25,7 +25,7 @@ DECODE_FILES = ("streams", "zmtp", "messages", "nodes", "events", "clocks")
 JOB_VIEW_TABLES = ("requests", "in_flight", "connections", "key_updates")
 STATS_TABLES = {"mxnet_sync": ("iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys",
                                *JOB_VIEW_TABLES),
-                "gloo": ("collective_stats", "collective_ranks", "collective_traffic", *JOB_VIEW_TABLES)}
+                "gloo": ("collective_stats", "collective_ranks", "collective_traffic", "connections")}
 CAPTURES = {"mxnet_sync": 5, "gloo": 4}
 CLUSTER_START_S = 60
 
