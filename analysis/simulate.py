@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import dlcsniff.analysis.simulate_collectives as co
+import dlcsniff.analysis.simulate_pslite as ps
 from dlcsniff.analysis.describe import describe
 from dlcsniff.analysis.iterations import worker_iterations
 from dlcsniff.analysis.load import AnalysisError, load_dataset
@@ -78,8 +80,6 @@ class _Job:
 
 
 def _pslite_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job | None:
-    from dlcsniff.analysis import simulate_pslite as ps
-
     dataset = load_dataset(decode_dir)
     if len(dataset.messages) == 0:
         return None
@@ -115,8 +115,6 @@ def _pslite_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job | N
 
 
 def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job:
-    from dlcsniff.analysis import simulate_collectives as co
-
     model = co.collective_model(decode_dir)
     measured = worker_iterations(co.rank_trace(model.messages, model.ranks, model.messages["send_ns"].to_numpy(),
                                                model.messages["recv_ns"].to_numpy()))
@@ -225,34 +223,42 @@ def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: 
     return Simulation(summary, simulated, job.measured, messages, keys)
 
 
-def predict(decode_dir: str | Path, what_ifs: list[WhatIf], *, engine: str = DEFAULT_ENGINE,
-            captured_rate_bit_s: float | None = None, processes: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """The mean iteration time each what-if predicts (one replay each, side by side): a frame of
-    iteration_s_mean and wall_s (the simulation's) per what-if; and the capture's own figures
-    ({"measured_iteration_s_mean", "link_bit_s"}: its measured iteration time and median calibrated link)."""
+def _predict(job: _Job, what_ifs: list[WhatIf], engine: str, processes: int | None) -> pd.DataFrame:
     from dlcsniff.analysis.simulate_engines import simulate_all
 
-    job = load_job(decode_dir, captured_rate_bit_s)
     prepared = [_prepare(job, what_if) for what_if in what_ifs]
     try:
         results = simulate_all(engine, [(program, links) for program, links, _ in prepared], processes)
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
     predicted = [_mean(read(times)[0]["iteration_s"]) for (_, _, read), times in zip(prepared, results)]
-    frame = pd.DataFrame({"iteration_s_mean": [np.nan if p is None else p for p in predicted],
-                          "wall_s": [times.attrs.get("wall_s", np.nan) for times in results]})
-    captured = {"measured_iteration_s_mean": _mean(job.measured["iteration_s"]),
-                "link_bit_s": float(np.median(job.calibration.links.down_bit_s))}
-    return frame, captured
+    return pd.DataFrame({"iteration_s_mean": [np.nan if p is None else p for p in predicted],
+                         "wall_s": [times.attrs.get("wall_s", np.nan) for times in results]})
 
 
-def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE,
-                    captured_rate_bit_s: float | None = None) -> tuple[pd.DataFrame, dict]:
-    """Predicted mean iteration time at each link rate (rate_bit_s, iteration_s_mean), and the capture's own
-    point (see `predict`)."""
-    frame, captured = predict(decode_dir, [WhatIf(bandwidth_bit_s=rate) for rate in rates_bit_s], engine=engine,
-                              captured_rate_bit_s=captured_rate_bit_s)
-    return frame.assign(rate_bit_s=np.asarray(rates_bit_s, dtype=np.float64))[["rate_bit_s", "iteration_s_mean"]], captured
+def _captured(job: _Job) -> dict:
+    return {"measured_iteration_s_mean": _mean(job.measured["iteration_s"]),
+            "link_bit_s": float(np.median(job.calibration.links.down_bit_s))}
+
+
+def predict(decode_dir: str | Path, what_ifs: list[WhatIf], *, engine: str = DEFAULT_ENGINE,
+            captured_rate_bit_s: float | None = None, processes: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """The mean iteration time each what-if predicts (one replay each, side by side): a frame of
+    iteration_s_mean and wall_s (the simulation's) per what-if; and the capture's own figures
+    ({"measured_iteration_s_mean", "link_bit_s"}: its measured iteration time and median calibrated link)."""
+    job = load_job(decode_dir, captured_rate_bit_s)
+    return _predict(job, what_ifs, engine, processes), _captured(job)
+
+
+def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE
+                    ) -> tuple[pd.DataFrame, dict]:
+    """Predicted mean iteration time (rate_bit_s, iteration_s_mean) at each link rate and at the captured
+    network's own (its median calibrated link), and the capture's own figures (see `predict`)."""
+    job = load_job(decode_dir)
+    captured = _captured(job)
+    rates = sorted({*map(float, rates_bit_s), captured["link_bit_s"]})
+    frame = _predict(job, [WhatIf(bandwidth_bit_s=rate) for rate in rates], engine, None)
+    return frame.assign(rate_bit_s=rates)[["rate_bit_s", "iteration_s_mean"]], captured
 
 
 def write_simulation(decode_dir: str | Path, out_dir: str | Path, what_if: WhatIf = WhatIf(), *, force: bool = False,

@@ -25,9 +25,9 @@ _LENGTH = struct.Struct("<Q")
 
 def _simulate(engine: str, program: Program, links: Links) -> pd.DataFrame:
     if engine == "simgrid":
-        from dlcsniff.analysis import simulate_simgrid as simulator
+        import dlcsniff.analysis.simulate_simgrid as simulator
     elif engine == "ns3":
-        from dlcsniff.analysis import simulate_ns3 as simulator
+        import dlcsniff.analysis.simulate_ns3 as simulator
     else:
         raise ReplayError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
     return simulator.run(links, lambda network: replay(program, network))
