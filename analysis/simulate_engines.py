@@ -11,6 +11,7 @@ import os
 import pickle
 import selectors
 import struct
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -48,13 +49,17 @@ def _child(engine: str, program: Program, links: Links, write_fd: int) -> None:
         out.write(_LENGTH.pack(len(data)) + data)
 
 
-def _fork(engine: str, program: Program, links: Links) -> tuple[int, int]:
+def _fork(engine: str, program: Program, links: Links, stderr_path: str) -> tuple[int, int]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
         code = 0
         try:
+            # the simulators' own chatter (SimGrid's configuration, cppyy's JIT) goes to a file the parent reads
+            # only when the child dies
+            with open(stderr_path, "wb") as stderr:
+                os.dup2(stderr.fileno(), 2)
             _child(engine, program, links, write_fd)
         except BaseException:
             code = 1
@@ -62,6 +67,14 @@ def _fork(engine: str, program: Program, links: Links) -> tuple[int, int]:
             os._exit(code)
     os.close(write_fd)
     return pid, read_fd
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, "rb") as said:
+            return " / ".join(said.read().decode(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: int | None = None
@@ -76,11 +89,11 @@ def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: 
     waiting = list(enumerate(runs))
     running: dict[int, tuple[int, int, bytearray]] = {}       # read fd -> (run, pid, bytes so far)
     errors = []
-    with selectors.DefaultSelector() as selector:
+    with selectors.DefaultSelector() as selector, tempfile.TemporaryDirectory(prefix="dlcsniff-simulate-") as logs:
         while waiting or running:
             while waiting and len(running) < processes:
                 index, (program, links) = waiting.pop(0)
-                pid, fd = _fork(engine, program, links)
+                pid, fd = _fork(engine, program, links, os.path.join(logs, f"{index}.stderr"))
                 running[fd] = (index, pid, bytearray())
                 selector.register(fd, selectors.EVENT_READ)
             for key, _ in selector.select():
@@ -95,7 +108,8 @@ def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: 
                 del running[fd]
                 _, status = os.waitpid(pid, 0)
                 if len(buffer) < _LENGTH.size:
-                    errors.append(f"the {engine} simulation died (wait status {status})")
+                    said = _tail(os.path.join(logs, f"{index}.stderr"))
+                    errors.append(f"the {engine} simulation died (wait status {status})" + (f": {said}" if said else ""))
                     continue
                 kind, value = pickle.loads(bytes(buffer[_LENGTH.size:]))
                 if kind == "error":

@@ -15,9 +15,7 @@ The replay runs in one controller actor, which starts the transfers and waits fo
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from collections.abc import Callable
 
 from dlcsniff.analysis.simulate_network import UNLIMITED_BIT_S, Links
@@ -55,24 +53,10 @@ class _SimgridNetwork:
         return [(self._messages.pop(index), self.now())]
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """SimGrid's module says on import that it chose its thread contexts (on stderr, from C++)."""
-    saved = os.dup(2)
-    with open(os.devnull, "wb") as devnull:
-        os.dup2(devnull.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def run(links: Links, replay: Callable[[_SimgridNetwork], object]):
     """Build the star of `links`, run `replay(network)` in a controller actor, and return what it returned."""
     try:
-        with _quiet_stderr():
-            import simgrid
+        import simgrid
     except ImportError as exc:
         raise ReplayError("SimGrid's Python module is missing (`make setup` installs Debian's python3-simgrid "
                           f"and links it into the venv): {exc}") from None
