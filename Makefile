@@ -3,9 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-# chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests
+# chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
+# python3-simgrid: `dlcsniff simulate`'s SimGrid
 APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
-	linux-headers-amd64 chromium
+	linux-headers-amd64 chromium python3-simgrid
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -33,7 +34,7 @@ sys:
 	$(call apt_install,$(APT_PACKAGES))
 	@command -v chromium >/dev/null || { echo "chromium is missing after apt-get install chromium: the report's browser tests need it" >&2; exit 1; }
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
@@ -44,6 +45,11 @@ $(VENV)/.installed: pyproject.toml
 	# package into the venv, nothing else of dist-packages.
 	ln -sfn "$$(/usr/bin/python3 -c 'import bcc, os; print(os.path.dirname(bcc.__file__))')" \
 	  "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc"
+	# `dlcsniff simulate`'s engines: SimGrid 3.32 from Debian (python3-simgrid: one compiled module in the system
+	# dist-packages, linked in as bcc is) and ns-3 3.44 from PyPI (its wheel, with cppyy bindings).
+	ln -sfn "$$(/usr/bin/python3 -c 'import simgrid; print(simgrid.__file__)' 2>/dev/null)" \
+	  "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	$(VENV)/bin/pip install -q ns3==3.44.post0
 	touch $@
 
 # The real jobs that produce captures: MXNet 1.9.1 (needs numpy 1.23.5), PyTorch CPU, pyzmq.

@@ -70,6 +70,8 @@ def statistics_of(decode_dir: str | Path) -> Stats:
 def write_html_report(decode_dir: str | Path, path: str | Path, figures_dir: str | Path | None = None) -> Path:
     """`dlcsniff report`: one self-contained HTML file with the figures (and them as PNG files too)."""
     from dlcsniff.analysis.report import write_report     # matplotlib: loaded only by the command that draws
+    from dlcsniff.analysis.report_whatif import whatif_curve
     trace = pslite_trace(load_dataset(decode_dir))
     stats = compute_stats(trace, source=str(decode_dir), collectives=collective_statistics_of(decode_dir))
-    return write_report(trace, stats, path, figures_dir, manifest=decode_manifest(decode_dir))
+    return write_report(trace, stats, path, figures_dir, manifest=decode_manifest(decode_dir),
+                        whatif=whatif_curve(decode_dir))

@@ -36,6 +36,7 @@ from dlcsniff.analysis.report_figures import (
     collective_timeline_figure, drawn_key_statistics, figure_png, iteration_figure, key_overhead_figure,
     size_cdf_figure, timeline_figure, traffic_figure,
 )
+from dlcsniff.analysis.report_whatif import WhatIfCurve, whatif_chart, whatif_figure
 from dlcsniff.analysis.summary import ITERATION_STATISTICS, KEY_STATISTICS, Stats, job_rows
 
 NOT_MEASURED = {
@@ -86,14 +87,21 @@ class ReportFigure:
     charts: Callable[[], list[tuple[str, dict]]] | None = None
 
 
-def report_figures(trace: Trace | None, stats: Stats) -> list[ReportFigure]:
+def report_figures(trace: Trace | None, stats: Stats, whatif: WhatIfCurve | None = None) -> list[ReportFigure]:
     """Every figure the job's data can fill: the ps-lite trace's when it has data messages, the
-    collectives' when there are some."""
+    collectives' when there are some; the what-if curve when `whatif` has one (analysis.report_whatif)."""
     figures = []
     if trace is not None and (trace.records["category"] == CATEGORY_DATA).any():
         figures += _pslite_figures(trace, stats)
     if stats.collectives is not None:
         figures += _collective_figures(stats.collectives)
+    if whatif is not None and whatif.curve is not None:
+        figures.append(ReportFigure(
+            "whatif", "What-if: iteration time against link rate",
+            "The job's mean iteration time (stats' definition) if every node's link ran at each rate, each way, "
+            f"predicted by `dlcsniff simulate`: {whatif.note}; the red point is the capture's measured mean at "
+            "its network's calibrated link rate. Not modelled: CPU contention that changes with the rate, TCP "
+            "losses and timeouts.", lambda: whatif_figure(whatif), lambda: [("", whatif_chart(whatif))]))
     return figures
 
 
@@ -301,11 +309,13 @@ def report_html(trace: Trace | None, stats: Stats, figures: list[ReportFigure], 
 
 
 def write_report(trace: Trace | None, stats: Stats, path: str | Path, figures_dir: str | Path | None = None,
-                 manifest: dict | None = None, drawn_at: datetime | None = None) -> Path:
+                 manifest: dict | None = None, drawn_at: datetime | None = None,
+                 whatif: WhatIfCurve | None = None) -> Path:
     """The HTML report at `path`; with figures_dir, every figure also as figures_dir/<name>.png. A job
-    without ps-lite traffic has trace None; `manifest` is the decode output's manifest.json."""
+    without ps-lite traffic has trace None; `manifest` is the decode output's manifest.json; `whatif` the
+    what-if curve (analysis.report_whatif)."""
     path = Path(path)
-    figures = report_figures(trace, stats)
+    figures = report_figures(trace, stats, whatif)
     if not figures:
         raise AnalysisError("no ps-lite data message and no collective operation was decoded: nothing to report "
                             "(were the workers' push/pull messages captured?)")

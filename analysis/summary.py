@@ -118,12 +118,12 @@ def compute_stats(trace: Trace | None, source: str | None = None, job: JobStats 
                  collectives=collectives)
 
 
-def _json_value(value):
+def json_value(value):
     """NaN → null, numpy scalars → Python (summary.json must be strict JSON)."""
     if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
+        return {str(k): json_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
+        return [json_value(v) for v in value]
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -132,7 +132,7 @@ def _json_value(value):
 
 
 def summary_json(stats: Stats) -> str:
-    return json.dumps(_json_value(stats.summary), indent=2, allow_nan=False)
+    return json.dumps(json_value(stats.summary), indent=2, allow_nan=False)
 
 
 def write_stats(stats: Stats, out_dir: str | Path) -> list[Path]:

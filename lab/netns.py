@@ -31,13 +31,16 @@ SUBNET_PREFIX_LEN = 24
 SUBNET_LOCK_DIR = Path("/run/dlcsniff/subnets")
 BRIDGE_NETNS_SUFFIX = "bridge"
 DEFAULT_MTU = 1500
+ETHERNET_HEADER_BYTES = 14
+LINK_QUEUE_MS = 20             # a rate-limited link's queue (limit_rate), in time at its rate
 # Offloads off so that captures show wire-sized segments (no TSO/GSO super-packets, no GRO merging)
 # and valid checksums (tx checksum offload leaves them unfilled in a capture taken on the sender).
 ANY_LINK_HEADER_ROOM = 64      # a Linux cooked header (16 or 20 bytes) and room to spare
 OFFLOADS_OFF = ("tso", "off", "gso", "off", "gro", "off", "tx", "off")
 # Kernel ring per capture: with libpcap's default (2 MiB) a few nodes moving ~100 MB/s on 2 cores drop packets.
 DEFAULT_CAPTURE_BUFFER_KIB = 65536
-# tc tbf (Cluster.limit_rate): room for a burst of segments, and how long a packet may wait before it is dropped.
+# tc tbf (Cluster.limit_send_rate): room for a burst of segments, and how long a packet may wait before it is
+# dropped.
 TBF_BURST = "256kb"
 TBF_LATENCY = "200ms"
 HOST_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,30}")
@@ -75,6 +78,7 @@ class Host:
     netns: str
     ip: str
     interface: str = "eth0"
+    bridge_port: str = ""          # the host's veth end on the bridge (in the bridge namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,9 +243,9 @@ class Cluster:
         _run(["ip", "-n", self.bridge_netns, "link", "add", "br0", "type", "bridge"])
         _run(["ip", "-n", self.bridge_netns, "link", "set", "br0", "up"])
         for index, name in enumerate(self._host_names):
-            host = Host(name=name, netns=f"dlcs-{self.tag}-{name}", ip=str(next(addresses)))
-            self._add_netns(host.netns)
             port = f"veth{index}"
+            host = Host(name=name, netns=f"dlcs-{self.tag}-{name}", ip=str(next(addresses)), bridge_port=port)
+            self._add_netns(host.netns)
             _run(["ip", "-n", self.bridge_netns, "link", "add", port, "mtu", str(self.mtu), "type", "veth",
                   "peer", "name", host.interface, "netns", host.netns, "mtu", str(self.mtu)])
             _run(["ip", "netns", "exec", self.bridge_netns, "ethtool", "-K", port, *OFFLOADS_OFF])
@@ -260,6 +264,19 @@ class Cluster:
             return self.hosts[name]
         except KeyError:
             raise NetnsError(f"no host {name!r} in cluster {self.tag} (hosts: {sorted(self.hosts)})") from None
+
+    def limit_rate(self, name: str, rate_bit_s: float) -> None:
+        """Give host `name` a full-duplex link of rate_bit_s each way, as a NIC on a switch port: a token
+        bucket (tc tbf) on its eth0 (what it sends) and on its bridge port (what it receives). The bucket holds
+        one millisecond at the rate (at least two frames); the queue, LINK_QUEUE_MS of it, as a switch port's
+        buffer: beyond, packets are dropped and TCP backs off."""
+        host = self.host(name)
+        bytes_per_s = rate_bit_s / 8
+        burst = max(int(bytes_per_s / 1000), 2 * (self.mtu + ETHERNET_HEADER_BYTES))
+        shape = ["tbf", "rate", f"{int(rate_bit_s)}bit", "burst", str(burst), "latency", f"{LINK_QUEUE_MS}ms"]
+        _run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "replace", "dev", host.interface, "root", *shape])
+        _run(["ip", "netns", "exec", self.bridge_netns, "tc", "qdisc", "replace", "dev", host.bridge_port, "root",
+              *shape])
 
     def _in_netns(self, name: str, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.host(name).netns, *argv]
@@ -285,9 +302,10 @@ class Cluster:
         """Run argv inside host `name` to completion; raise NetnsError on failure or timeout."""
         return _run(self._in_netns(name, argv), timeout_s=timeout_s)
 
-    def limit_rate(self, name: str, mbit: int) -> None:
-        """Cap what host `name` sends on its interface at `mbit` Mbit/s (tc tbf): with several busy hosts on 2
-        cores, the captures keep up only with so much."""
+    def limit_send_rate(self, name: str, mbit: int) -> None:
+        """Cap what host `name` sends on its interface at `mbit` Mbit/s (tc tbf, a deep queue: nothing dropped):
+        with several busy hosts on 2 cores, the captures keep up only with so much. (limit_rate is a switch
+        port's link instead: both ways, a shallow queue.)"""
         host = self.host(name)
         self.run(name, ["tc", "qdisc", "add", "dev", host.interface, "root", "tbf", "rate", f"{mbit}mbit",
                         "burst", TBF_BURST, "latency", TBF_LATENCY])

@@ -77,6 +77,9 @@ class MXNetJobSpec:
     # seconds of a cloud VM's other traffic beside the job (lab/workloads/noise.py): TLS, HTTP to a metadata
     # service and DNS from every node to a "services" host, and a port scan of every node from a "scanner"
     noise_s: float | None = None
+    # every node's link to the switch (tbf both ways, lab.netns.Cluster.limit_rate), in Mbit/s; None: the
+    # veth pair's own speed
+    rate_mbit: float | None = None
 
 
 MXNET_JOBS = {
@@ -265,6 +268,12 @@ def _publish_job_dir(staging: Path, out_dir: Path, job: str, job_record: dict) -
     return final
 
 
+def _limit_rates(cluster: Cluster, names: Sequence[str], rate_mbit: float | None) -> None:
+    if rate_mbit is not None:
+        for name in names:
+            cluster.limit_rate(name, rate_mbit * 1e6)
+
+
 def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
                      *, timeout_s: float = JOB_TIMEOUT_S) -> Path:
     """Run one MXNet parameter-server job, each node in its own namespace and capture; return its directory."""
@@ -275,6 +284,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
     noise_hosts = ["services", "scanner"] if spec.noise_s else []
     started_ns = time.time_ns()
     with Cluster(f"{spec.name}-{os.getpid()}", node_names + noise_hosts) as cluster:
+        _limit_rates(cluster, node_names, spec.rate_mbit)
         scheduler_ip = cluster.host("scheduler").ip
         job_env = {
             "DMLC_PS_ROOT_URI": scheduler_ip,
@@ -335,6 +345,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         "bigarray_bound": spec.bigarray_bound,
         "capture_buffer_kib": spec.capture_buffer_kib,
         "noise_s": spec.noise_s,
+        "rate_mbit": spec.rate_mbit,
         "env": job_env,
         "subnet": str(cluster.subnet),
         "mtu": cluster.mtu,
@@ -404,22 +415,38 @@ def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JO
     return _publish_job_dir(job_dir, out_dir, ZMQ_JOB, job_record)
 
 
+@dataclass(frozen=True, slots=True)
+class GlooTraining:
+    """The Gloo workload as a data-parallel training loop (gloo_job.py --train-steps): per step, computation
+    (`compute_matmuls` 256×256 matrix products), then one all-reduce of `grad_elements` float32."""
+
+    steps: int
+    grad_elements: int
+    compute_matmuls: int
+
+    def args(self) -> list[str]:
+        return ["--train-steps", str(self.steps), "--grad-elements", str(self.grad_elements),
+                "--compute-matmuls", str(self.compute_matmuls)]
+
+
 def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GLOO_WORLD_SIZE,
-                    timeout_s: float = JOB_TIMEOUT_S) -> Path:
-    """Run the torch.distributed Gloo workload, one rank per namespace (rank 0 hosts the TCPStore);
-    return its directory."""
+                    timeout_s: float = JOB_TIMEOUT_S, name: str = GLOO_JOB, rate_mbit: float | None = None,
+                    training: GlooTraining | None = None) -> Path:
+    """Run the torch.distributed Gloo workload (its list of operations, or `training`), one rank per
+    namespace (rank 0 hosts the TCPStore), each on a link of rate_mbit if given; return its directory."""
     out_dir = Path(out_dir).resolve()
-    job_dir = _prepare_job_dir(out_dir, GLOO_JOB)
+    job_dir = _prepare_job_dir(out_dir, name)
     node_names = [f"rank{rank}" for rank in range(world_size)]
     started_ns = time.time_ns()
-    with Cluster(f"{GLOO_JOB}-{os.getpid()}", node_names) as cluster:
+    with Cluster(f"{name}-{os.getpid()}", node_names) as cluster:
+        _limit_rates(cluster, node_names, rate_mbit)
         master_ip = cluster.host("rank0").ip
         # Gloo binds its listening socket to this interface's address (its default, the address the host
         # name resolves to, is not inside the namespace).
         job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
         nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_job.py",
                              ["--rank", str(rank), "--world-size", str(world_size), "--master-addr", master_ip,
-                              "--master-port", str(GLOO_MASTER_PORT)],
+                              "--master-port", str(GLOO_MASTER_PORT), *(training.args() if training else [])],
                              {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
                  for rank, name in enumerate(node_names)]
         node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
@@ -429,10 +456,12 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
         entry["rank"] = rank
         entry["record"] = f"{entry['name']}.json"
     job_record = {
-        "job": GLOO_JOB,
+        "job": name,
         "framework": "pytorch",
         "transport": "gloo/tcp",
-        "mode": "collectives",
+        "mode": "training" if training else "collectives",
+        "training": asdict(training) if training else None,
+        "rate_mbit": rate_mbit,
         "world_size": world_size,
         "master_addr": master_ip,
         "master_port": GLOO_MASTER_PORT,
@@ -444,7 +473,7 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
         "versions": {**_tool_versions(workload_python), **records["rank0"]["versions"]},
         "nodes": node_entries,
     }
-    return _publish_job_dir(job_dir, out_dir, GLOO_JOB, job_record)
+    return _publish_job_dir(job_dir, out_dir, name, job_record)
 
 
 def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workload_python: str,
@@ -464,7 +493,7 @@ def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workl
         master_ip = cluster.host("rank0").ip
         job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
         for name in node_names:
-            cluster.limit_rate(name, rate_mbit)
+            cluster.limit_send_rate(name, rate_mbit)
         nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_matrix_job.py",
                              ["--rank", str(rank), "--world-size", str(spec.world_size), "--master-addr", master_ip,
                               "--master-port", str(GLOO_MASTER_PORT), "--plan", str(plan_path)],
@@ -557,8 +586,16 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--timeout", type=float, default=JOB_TIMEOUT_S, help="seconds a job may take")
         if command == "all":
             sub.add_argument("--jobs", nargs="+", choices=ALL_JOBS, default=list(ALL_JOBS))
+        if command in ("mxnet", "gloo"):
+            sub.add_argument("--rate-mbit", type=float, default=None,
+                             help="every node's link rate, each way (tc tbf; default: the veth pair's speed)")
         if command == "gloo":
             sub.add_argument("--world-size", type=int, default=GLOO_WORLD_SIZE, help="ranks, one per namespace")
+            sub.add_argument("--job", default=GLOO_JOB, help="job (and folder) name")
+            sub.add_argument("--train-steps", type=int, default=None,
+                             help="a training loop of this many steps instead of the list of operations")
+            sub.add_argument("--grad-elements", type=int, default=2_621_440, help="float32 all-reduced per step")
+            sub.add_argument("--compute-matmuls", type=int, default=20, help="256×256 matrix products per step")
         if command == "gloo-matrix":
             sub.add_argument("--world-sizes", type=int, nargs="+", default=sorted(gloo_matrix.LARGE_CELLS))
             sub.add_argument("--max-size", type=int, help="leave out the sizes above this (the large cells too)")
@@ -569,7 +606,7 @@ def _parser() -> argparse.ArgumentParser:
         if command == "mxnet":
             sub.add_argument("--job", required=True, help="job (and folder) name")
             sub.add_argument("--kvstore", default="dist_sync", choices=["dist_sync", "dist_async"])
-            sub.add_argument("--model", default="mlp", choices=["mlp", "wide_mlp", "sparse_embedding"])
+            sub.add_argument("--model", default="mlp", choices=["mlp", "wide_mlp", "lenet", "sparse_embedding"])
             sub.add_argument("--batches", type=int, default=10)
             sub.add_argument("--batch-size", type=int, default=32)
             sub.add_argument("--servers", type=int, default=2)
@@ -600,18 +637,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           gzip=args.gzip) for k in args.world_sizes]
     else:
         jobs = [MXNetJobSpec(args.job, args.kvstore, args.model, args.batches, args.batch_size,
-                             args.servers, args.workers, args.bigarray_bound, args.capture_buffer_kib)]
+                             args.servers, args.workers, args.bigarray_bound, args.capture_buffer_kib,
+                             rate_mbit=args.rate_mbit)]
 
     def recorder(job) -> Callable[[], Path]:
         if job == ZMQ_JOB:
             return lambda: record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
-        if job == GLOO_JOB:
+        if job == GLOO_JOB and args.command == "gloo":
+            training = (GlooTraining(args.train_steps, args.grad_elements, args.compute_matmuls)
+                        if args.train_steps else None)
             return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
-                                           world_size=getattr(args, "world_size", GLOO_WORLD_SIZE))
+                                           world_size=args.world_size, name=args.job, rate_mbit=args.rate_mbit,
+                                           training=training)
         if isinstance(job, gloo_matrix.MatrixJobSpec) or job in gloo_matrix.BUNDLED:
             matrix_spec = gloo_matrix.BUNDLED.get(job, job)
             return lambda: record_gloo_matrix_job(matrix_spec, args.out, args.workload_python,
                                                   timeout_s=max(args.timeout, gloo_matrix.JOB_TIMEOUT_S))
+        if job == GLOO_JOB:
+            return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout)
         spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
         return lambda: record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
     return record_each(recorder(job) for job in jobs)

@@ -21,6 +21,9 @@ and just after it returned (every call is synchronous):
   process group's collective counter (send/recv works use the caller's tag instead); one call may run
   several works (2.13 runs reduce_scatter as one all_reduce per rank), so the tags are counted here from
   the works the profiler saw, not from the calls.
+With --train-steps N the ranks run a data-parallel training loop instead of the list: per step, computation
+(--compute-matmuls products of 256×256 float32 matrices, on one thread), then one all_reduce of a
+--grad-elements float32 gradient; `steps` lists each step's start, the all_reduce's call and its return.
 The recorder (sniffer/record.py) reads `finished` to know when a straggler may be killed.
 """
 
@@ -153,6 +156,25 @@ def profiled(call) -> tuple[dict, list[dict], int, int]:
     return result, works, start_ns, end_ns
 
 
+def train(steps: int, grad_elements: int, compute_matmuls: int, rank: int) -> list[dict]:
+    """The training loop (see the module doc): one entry per step, wall-clock ns."""
+    generator = torch.Generator().manual_seed(rank)
+    activations = torch.rand((256, 256), generator=generator)
+    weights = torch.rand((256, 256), generator=generator) / 256
+    gradient = torch.empty(grad_elements)
+    done = []
+    for step in range(steps):
+        start_ns = time.time_ns()
+        for _ in range(compute_matmuls):
+            activations = torch.tanh(activations @ weights)
+        gradient.fill_(float(activations[0, 0]) + rank)
+        call_ns = time.time_ns()
+        dist.all_reduce(gradient)
+        done.append({"step": step, "start_ns": start_ns, "all_reduce_ns": call_ns, "end_ns": time.time_ns(),
+                     "tensor_bytes": grad_elements * FLOAT32_BYTES})
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -160,6 +182,9 @@ def main() -> None:
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--record", type=Path, required=True)
+    parser.add_argument("--train-steps", type=int, default=None)
+    parser.add_argument("--grad-elements", type=int, default=2_621_440)
+    parser.add_argument("--compute-matmuls", type=int, default=20)
     args = parser.parse_args()
     rank, world = args.rank, args.world_size
     record = {"rank": rank, "world_size": world, "pid": os.getpid(), "start_ns": time.time_ns(),
@@ -169,6 +194,14 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                             rank=rank, world_size=world, timeout=TIMEOUT)
     record["init_done_ns"] = time.time_ns()
+    if args.train_steps:
+        torch.set_num_threads(1)
+        record["steps"] = train(args.train_steps, args.grad_elements, args.compute_matmuls, rank)
+        dist.destroy_process_group()
+        record["end_ns"] = time.time_ns()
+        record["finished"] = True
+        write_record(args.record, record)
+        return
     calls = []                    # (order, kind, label, call)
     for order, (kind, label, elements, root) in enumerate(OPERATIONS):
         if kind == "send_recv":

@@ -73,7 +73,10 @@ def test_the_report_works_in_chromium(job, decoded_job, screenshots, tmp_path):
                        .replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"'))
 
     trace = pslite_trace(load_dataset(decode_dir))
-    interactive = (PSLITE_CHARTS if trace is not None else set()) | (COLLECTIVE_CHARTS if job == "gloo" else set())
+    # the what-if curve: for a job with training iterations (`dlcsniff simulate` on SimGrid)
+    whatif = {"whatif"} if trace is not None and worker_iterations(trace)["iteration_s"].notna().any() else set()
+    interactive = ((PSLITE_CHARTS | whatif) if trace is not None else set()) | (
+        COLLECTIVE_CHARTS if job == "gloo" else set())
     figures = {figure["id"]: figure for figure in probe["figures"]}
     assert {name for name, figure in figures.items() if figure["charts"]} == interactive
     for name, figure in figures.items():
@@ -91,7 +94,7 @@ def test_the_report_works_in_chromium(job, decoded_job, screenshots, tmp_path):
         assert chart["reset"] == pytest.approx(chart["initial"])
         # a drag from 25 % to 50 % of the plot shows that quarter of the range; ctrl+wheel zooms in around the
         # pointer (the page itself does not scroll), a plain wheel scrolls the page; shift+drag pans
-        if not chart["id"].startswith(("message_sizes", "collective_times", "collective_bandwidth")):
+        if not chart["id"].startswith(("message_sizes", "collective_times", "collective_bandwidth", "whatif")):
             assert chart["dragged"] == pytest.approx([low + span / 4, low + span / 2], rel=0.02, abs=span * 0.01)
         assert chart["dragged"][1] - chart["dragged"][0] < (high - low) * 0.9 or chart["id"].startswith("message")
         assert chart["wheelPrevented"] and not chart["plainWheelPrevented"]
@@ -118,6 +121,8 @@ def test_the_report_works_in_chromium(job, decoded_job, screenshots, tmp_path):
         assert "length" in charts["message_sizes-0"]["tooltip"]
     if job == "gloo":
         assert "operation" in charts["collective_timeline-0"]["tooltip"]
+    if whatif:
+        assert "link rate" in charts["whatif-0"]["tooltip"] and charts["whatif-0"]["drawn"] >= 2
 
     # the page as a person sees it: a full-page screenshot, and each figure cut out of it
     shots = screenshots / job

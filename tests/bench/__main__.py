@@ -136,7 +136,7 @@ SECTIONS = {
     "decode": section_decode,
     "hotpath": section_hotpath,
 }
-for _name in ("analysis", "capture", "dask", "inputs"):
+for _name in ("analysis", "capture", "dask", "inputs", "simulate"):
     SECTIONS[_name] = _module_section(f"tests.bench.{_name}")
 
 

@@ -1,0 +1,188 @@
+"""A collective-library job (Gloo over TCP) as the replay's program, and its iterations.
+
+The model is the job's own messages between ranks, as both ends captured them (the sender's first byte, the
+receiver's last; matched by pair of ranks, process group, operation and size, in order), so every
+collective keeps the algorithm, chunking and order the library used. A rank sends a message once it has
+received what it had received from each peer before that message left in the capture, and has issued its
+own previous message (happens-before, as trace replay of message-passing programs does); the time from the
+latest of those to the message's issue is its computation (the reduction of a received chunk; between
+collectives, the training step's computation). A message that left while the one before it on its
+connection was still arriving waited in that queue: it is taken as issued as soon as it could be.
+
+Iterations: a data-parallel loop repeats the same collectives every step; the job's period is the shortest
+repeating run of (kind, size) in the collectives' order (the whole job when nothing repeats). Per rank and
+iteration the phases are `stats`' (analysis.iterations) with a rank's sends as its pushes and its receipts as
+its pulls: P1 from the last receipt of the previous iteration to the first send, P3 from the first send to the
+last receipt, iteration = P1 + P3, overlap = (first → last send) / iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+
+from dlcsniff.analysis.load import AnalysisError, read_columns
+from dlcsniff.analysis.operations import (
+    CATEGORY_DATA, OPERATIONS, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Topology, Trace,
+)
+from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program
+from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
+
+MESSAGE_COLUMNS = ("protocol", "capture", "pg", "collective", "seq", "src_rank", "dst_rank", "local_rank", "outgoing",
+                   "size_bytes", "ts_first_ns", "ts_last_ns")
+COLLECTIVE_COLUMNS = ("capture", "pg", "kind", "seq", "local_rank", "tensor_bytes")
+QUEUE_TOLERANCE_NS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveModel:
+    messages: pd.DataFrame      # src, dst, pg, kind, seq, iteration, size_bytes, send_ns, recv_ns, send_first/last,
+                                # recv_first/last (one row per message seen at both ends, in send order)
+    ranks: int
+    period: int                 # collectives per iteration
+    origin_ns: int
+    unmatched: int              # message ends without their other end
+
+
+def _read(decode_dir: Path, name: str, columns: tuple[str, ...], where) -> pd.DataFrame:
+    return read_columns(decode_dir / name, columns, where=where)
+
+
+def _aligned(frame: pd.DataFrame, decode_dir: Path) -> pd.DataFrame:
+    path = decode_dir / "clocks.parquet"
+    if not path.exists():
+        return frame
+    clocks = read_columns(path, CLOCK_COLUMNS)
+    clocks = clocks[clocks["aligned"].fillna(False).astype(bool).to_numpy()]
+    for column in ("ts_first_ns", "ts_last_ns"):
+        frame[column] = align(frame[column], frame["capture"], clocks).to_numpy(np.int64)
+    return frame
+
+
+def _period(ops: pd.DataFrame) -> int:
+    """The shortest run of (kind, size) that repeats through the whole sequence (its length)."""
+    signature = list(zip(ops["kind"], ops["tensor_bytes"]))
+    n = len(signature)
+    for period in range(1, n + 1):
+        if all(signature[i] == signature[i + period] for i in range(n - period)) and n // period >= 2:
+            return period
+    return max(n, 1)
+
+
+def collective_model(decode_dir: str | Path) -> CollectiveModel:
+    decode_dir = Path(decode_dir)
+    raw = _read(decode_dir, "messages.parquet", MESSAGE_COLUMNS,
+                pc.field("collective").is_valid() & pc.field("src_rank").is_valid() & pc.field("dst_rank").is_valid())
+    if len(raw) == 0:
+        raise AnalysisError(f"{decode_dir}: no collective operation's messages between known ranks to simulate")
+    raw = _aligned(raw, decode_dir)
+    ops = _read(decode_dir, "collectives.parquet", COLLECTIVE_COLUMNS, None)
+    own = raw[raw["local_rank"] == np.where(raw["outgoing"], raw["src_rank"], raw["dst_rank"])]
+    # a message is the same at both ends by its pair, operation and size, and its rank among those
+    key = ["pg", "src_rank", "dst_rank", "collective", "seq", "size_bytes"]
+    sent = own[own["outgoing"]].sort_values("ts_first_ns", kind="stable")
+    got = own[~own["outgoing"]].sort_values("ts_first_ns", kind="stable")
+    sent = sent.assign(k=sent.groupby(key, dropna=False).cumcount())
+    got = got.assign(k=got.groupby(key, dropna=False).cumcount())
+    both = sent.merge(got[key + ["k", "ts_first_ns", "ts_last_ns"]], on=key + ["k"], suffixes=("", "_r"))
+    # a capture that lost packets can pair a message with another: never one that arrived before it left
+    both = both[both["ts_last_ns_r"] >= both["ts_first_ns"]]
+    unmatched = len(sent) + len(got) - 2 * len(both)
+    rank0 = ops[ops["local_rank"] == ops["local_rank"].min()].sort_values("seq")
+    rank0 = rank0[rank0["kind"].isin(["send", "recv"]) == False]  # noqa: E712 - p2p calls have their own seq
+    period = _period(rank0)
+    step = {(row.pg, row.seq): index // period for index, row in enumerate(rank0.itertuples())}
+    kinds = {(row.pg, row.seq): row.kind for row in rank0.itertuples()}
+    pair = list(zip(both["pg"], both["seq"]))
+    messages = pd.DataFrame({
+        "src": both["src_rank"].to_numpy(np.int64), "dst": both["dst_rank"].to_numpy(np.int64),
+        "pg": both["pg"].to_numpy(), "kind": [kinds.get(p, str(c)) for p, c in zip(pair, both["collective"])],
+        "seq": both["seq"].fillna(-1).to_numpy(np.int64),
+        "iteration": np.array([step.get(p, -1) for p in pair], dtype=np.int64),
+        "size_bytes": both["size_bytes"].to_numpy(np.int64),
+        "send_ns": both["ts_first_ns"].to_numpy(np.int64), "send_last_ns": both["ts_last_ns"].to_numpy(np.int64),
+        "recv_first_ns": both["ts_first_ns_r"].to_numpy(np.int64), "recv_ns": both["ts_last_ns_r"].to_numpy(np.int64),
+    }).sort_values(["send_ns", "recv_ns"], ignore_index=True)
+    ranks = int(max(messages["src"].max(), messages["dst"].max())) + 1
+    return CollectiveModel(messages, ranks, period, int(messages["send_ns"].min()), int(unmatched))
+
+
+def build_program(model: CollectiveModel) -> Program:
+    """Happens-before replay of the captured messages (see the module doc)."""
+    messages = model.messages
+    n = len(messages)
+    src, dst = messages["src"].to_numpy(), messages["dst"].to_numpy()
+    send, recv = messages["send_ns"].to_numpy(np.int64), messages["recv_ns"].to_numpy(np.int64)
+    deps_child, deps_parent, deps_kind, delay = [], [], [], np.zeros(n)
+    # per rank: its sends in order, and what it received from each peer in order of arrival
+    received = {}
+    for m in np.argsort(recv, kind="stable"):
+        received.setdefault((int(dst[m]), int(src[m])), []).append(int(m))
+    arrivals = {key: recv[np.array(ms)] for key, ms in received.items()}
+    previous_send: dict[int, int] = {}
+    previous_on_connection: dict[tuple[int, int], int] = {}
+    issue = np.zeros(n)
+    for m in range(n):                                       # messages are in send order
+        rank = int(src[m])
+        reference = float(model.origin_ns)
+        for (receiver, peer), ms in received.items():
+            if receiver != rank:
+                continue
+            last = int(np.searchsorted(arrivals[(receiver, peer)], send[m], side="right")) - 1
+            if last >= 0:
+                deps_child.append(m), deps_parent.append(ms[last]), deps_kind.append(DELIVERED)
+                reference = max(reference, float(recv[ms[last]]))
+        if rank in previous_send:
+            before = previous_send[rank]
+            deps_child.append(m), deps_parent.append(before), deps_kind.append(ISSUED)
+            reference = max(reference, issue[before])
+        connection = (rank, int(dst[m]))
+        queued = connection in previous_on_connection and \
+            send[m] < recv[previous_on_connection[connection]] + QUEUE_TOLERANCE_NS
+        issue[m] = reference if queued else max(float(send[m]), reference)
+        delay[m] = (issue[m] - reference) / 1e9
+        previous_send[rank] = m
+        previous_on_connection[connection] = m
+    program_messages = pd.DataFrame({"src": src, "dst": dst, "size_bytes": messages["size_bytes"].to_numpy(),
+                                     "delay_s": delay})
+    deps = pd.DataFrame({"child": np.array(deps_child, np.int64), "parent": np.array(deps_parent, np.int64),
+                         "kind": np.array(deps_kind, np.int8)})
+    return Program(program_messages, deps, model.ranks)
+
+
+def rank_trace(messages: pd.DataFrame, ranks: int, send_ns: np.ndarray, recv_ns: np.ndarray) -> Trace:
+    """Each rank's sends and receipts as a worker's pushes and pulls, for analysis.iterations."""
+    n = len(messages)
+    iteration = np.concatenate([messages["iteration"].to_numpy(), messages["iteration"].to_numpy()])
+    slot = np.concatenate([np.full(n, SLOT_PUSH_REQUEST), np.full(n, SLOT_PULL_RESPONSE)]).astype(np.int8)
+    rank = np.concatenate([messages["src"].to_numpy(), messages["dst"].to_numpy()])
+    records = pd.DataFrame({
+        "node_role": np.full(2 * n, ROLE_WORKER, np.int8), "category": np.full(2 * n, CATEGORY_DATA, np.int8),
+        "iteration": iteration.astype(np.int32), "worker_rank": rank.astype(np.int32),
+        "server_rank": np.full(2 * n, -1, np.int32), "is_send": slot == SLOT_PUSH_REQUEST, "slot": slot,
+        "fused": np.zeros(2 * n, bool), "ts_ns": np.concatenate([send_ns, recv_ns]).astype(np.int64),
+        "complete": np.ones(2 * n, bool), "length": np.tile(messages["size_bytes"].to_numpy(np.int64), 2),
+        "operation": pd.Categorical.from_codes(np.where(slot == SLOT_PUSH_REQUEST, 0, 3), categories=list(OPERATIONS)),
+    })
+    nodes = pd.DataFrame({"node_id": np.arange(ranks), "name": [f"rank{r}" for r in range(ranks)],
+                          "role": "worker", "rank": np.arange(ranks), "dlc_rank": np.arange(ranks),
+                          "vantage": "own", "captures": ""})
+    return Trace(records=records, nodes=nodes, topology=Topology(workers=ranks, servers=0), mode="collectives",
+                 mode_evidence="collective operations")
+
+
+def network_ends(model: CollectiveModel) -> pd.DataFrame:
+    m = model.messages
+    return pd.concat([
+        pd.DataFrame({"node": m["src"], "sent": True, "first_ns": m["send_ns"], "last_ns": m["send_last_ns"], "size_bytes": m["size_bytes"]}),
+        pd.DataFrame({"node": m["dst"], "sent": False, "first_ns": m["recv_first_ns"], "last_ns": m["recv_ns"], "size_bytes": m["size_bytes"]}),
+    ], ignore_index=True)
+
+
+def network_pairs(model: CollectiveModel) -> pd.DataFrame:
+    m = model.messages
+    return pd.DataFrame({"src": m["src"], "dst": m["dst"], "size_bytes": m["size_bytes"], "send_ns": m["send_ns"],
+                         "recv_ns": m["recv_ns"]})

@@ -1,0 +1,261 @@
+"""`dlcsniff simulate`: the job model read from real bundled captures, the replay loop, both network simulators
+run for real, and the command's outputs. (tests/analysis/test_simulate_real_job.py checks a prediction against
+a real run at another rate.)"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dlcsniff.analysis import build_records, load_dataset
+from dlcsniff.analysis.iterations import ITERATION_COLUMNS, worker_iterations
+from dlcsniff.analysis.operations import CATEGORY_DATA, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST
+from dlcsniff.analysis.simulate_engines import simulate_all
+from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Links
+from dlcsniff.analysis.simulate_pslite import (
+    ELEMENT_BYTES, MXNET_BIGARRAY_BOUND, build_program, data_messages, place_keys, pslite_model,
+)
+from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program, ReplayError, replay
+from dlcsniff.cli import app
+
+runner = CliRunner()
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(f"{module} is not importable from the venv: run `make setup` (it installs `dlcsniff simulate`'s "
+                    "engines: python3-simgrid linked into the venv, and PyPI's ns3)")
+
+
+def _model(decoded_job, name):
+    trace = build_records(load_dataset(decoded_job(name)))
+    return trace, pslite_model(trace)
+
+
+@pytest.mark.parametrize("job", ["mxnet_sync_large", "mxnet_3s4w", "mxnet_async", "mxnet_1s1w"])
+def test_the_model_holds_every_training_request_with_its_answer(decoded_job, job):
+    trace, model = _model(decoded_job, job)
+    records = trace.records
+    worker = records[(records["node_role"] == ROLE_WORKER) & (records["category"] == CATEGORY_DATA)
+                     & (records["iteration"] >= 0)]
+    pushes = worker[worker["slot"] == SLOT_PUSH_REQUEST]
+    answers = worker[worker["slot"] == SLOT_PULL_RESPONSE]
+    requests = model.requests
+    assert len(requests) == len(pushes)
+    assert requests["size_bytes"].sum() == pushes["length"].sum()
+    assert requests["response_size_bytes"].sum() == answers["length"].sum()
+    assert (requests["response_slot"] == SLOT_PULL_RESPONSE).all()          # MXNet 1.9.1: fused push-pull
+    # one model iteration per iteration `stats` counts
+    counted = worker_iterations(trace).groupby("worker_rank").size()
+    assert requests.groupby("worker_rank")["iteration"].nunique().to_dict() == counted.to_dict()
+    for column in ("delay_s", "response_delay_s"):
+        assert np.isfinite(requests[column]).all() and (requests[column] >= 0).all()
+    # computation is what the worker did between receiving and sending: never longer than the iteration
+    assert requests.groupby(["worker_rank", "iteration"])["delay_s"].max().max() < 5 * worker_iterations(
+        trace)["iteration_s"].max()
+
+
+@pytest.mark.parametrize("job, servers", [("mxnet_sync_large", 2), ("mxnet_3s4w", 3), ("mxnet_async_split", 3)])
+def test_keys_placed_as_mxnet_places_them_give_the_captured_placement(decoded_job, job, servers):
+    """MXNet's rule (a small key on server key * 9973 % servers, a large one split evenly) re-applied to the
+    captured requests with the captured number of servers lands every key where the real job put it."""
+    _, model = _model(decoded_job, job)
+    assert model.topology.servers == servers
+    placed = place_keys(model.requests, servers, model.bigarray_bound)
+    key = ["worker_rank", "iteration", "tensor_key", "server_rank"]
+    captured = model.requests.groupby(key)["size_bytes"].sum()
+    again = placed.groupby(key)["size_bytes"].sum()
+    assert sorted(again.index) == sorted(captured.index)
+    # sizes: the parts of a split key within a few bytes (a part's meta is counted with its values)
+    assert (again.reindex(captured.index) - captured).abs().max() <= 64
+
+
+def test_the_bigarray_bound_is_read_from_the_split_keys(decoded_job):
+    _, large = _model(decoded_job, "mxnet_sync_large")        # MXNET_KVSTORE_BIGARRAY_BOUND=65536
+    per_key = large.requests.groupby("tensor_key")["server_rank"].nunique()
+    largest_unsplit = large.requests[large.requests["tensor_key"].isin(per_key[per_key == 1].index)]["size_bytes"].max()
+    assert largest_unsplit / ELEMENT_BYTES < large.bigarray_bound <= 1_280_000 + 64
+    _, one_server = _model(decoded_job, "mxnet_1s1w")          # one server cannot tell: MXNet's default
+    assert one_server.bigarray_bound == MXNET_BIGARRAY_BOUND
+
+
+def test_what_if_shapes_keep_every_worker_and_key(decoded_job):
+    _, model = _model(decoded_job, "mxnet_sync_large")
+    built = build_program(model, workers=4, servers=3)
+    messages = built.messages
+    assert sorted(messages["worker_rank"].unique()) == [0, 1, 2, 3]
+    assert sorted(messages["server_rank"].unique()) == [0, 1, 2]
+    # every worker moves what a captured worker moved, whatever the servers
+    per_worker = messages[messages["to_server"]].groupby("worker_rank")["size_bytes"].sum()
+    captured = model.requests.groupby("worker_rank")["size_bytes"].sum()
+    assert per_worker.max() - captured.max() <= 64 * len(model.requests)
+    # in sync mode an answer waits for all four workers' pushes of its key and round
+    deps = built.program.deps
+    answer = messages.index[~messages["to_server"]][0]
+    assert len(deps[deps["child"] == answer]) == 4
+
+
+class _FixedRate:
+    """A network without sharing: each transfer takes size / rate once started (for the replay loop only)."""
+
+    def __init__(self, rate_bytes_s: float) -> None:
+        self.rate, self.clock, self.active = rate_bytes_s, 0.0, []
+
+    def now(self) -> float:
+        return self.clock
+
+    def start(self, message, src, dst, size_bytes) -> None:
+        self.active.append((self.clock + size_bytes / self.rate, message))
+
+    def advance(self, until_s):
+        self.active.sort()
+        if not self.active or self.active[0][0] > until_s:
+            self.clock = until_s if math.isfinite(until_s) else self.clock
+            return []
+        at, message = self.active.pop(0)
+        self.clock = at
+        return [(message, at)]
+
+
+def _program(rows, deps, nodes=3):
+    return Program(pd.DataFrame(rows, columns=["src", "dst", "size_bytes", "delay_s"]),
+                   pd.DataFrame(deps, columns=["child", "parent", "kind"]).astype({"kind": np.int8}), nodes)
+
+
+def test_replay_keeps_dependencies_delays_and_one_message_at_a_time_per_connection():
+    program = _program(
+        [(0, 1, 100, 0.5),     # 0: issued at 0.5, but 0->1 carries message 1 until 2.0: 2.0 -> 3.0
+         (0, 1, 200, 0.0),     # 1: issued at 0 on an idle connection: 0 -> 2.0
+         (1, 2, 100, 0.25),    # 2: 0.25 s after 0 is delivered: 3.25 -> 4.25
+         (1, 2, 100, 0.0),     # 3: issued with 2 (ISSUED), queued behind it on 1->2: 4.25 -> 5.25
+         (2, 0, 100, 1.0)],    # 4: 1 s after 3 is delivered: 6.25 -> 7.25
+        [(2, 0, DELIVERED), (3, 2, ISSUED), (4, 3, DELIVERED)])
+    times = replay(program, _FixedRate(100.0))
+    expected = [[0.5, 2.0, 3.0], [0.0, 0.0, 2.0], [3.25, 3.25, 4.25], [3.25, 4.25, 5.25], [6.25, 6.25, 7.25]]
+    assert times[["issue_s", "start_s", "end_s"]].to_numpy().tolist() == expected
+
+
+def test_replay_refuses_a_program_that_cannot_finish():
+    with pytest.raises(ReplayError, match="never sent"):
+        replay(_program([(0, 1, 1, 0.0), (1, 0, 1, 0.0)], [(0, 1, DELIVERED), (1, 0, DELIVERED)]), _FixedRate(1.0))
+
+
+def _links(rate_bit_s: float, nodes: int = 3, latency_s: float = 1e-6) -> Links:
+    rates = np.full(nodes, rate_bit_s)
+    return Links(rates, rates.copy(), np.full(nodes, UNLIMITED_BIT_S), latency_s)
+
+
+SHARING = _program([(0, 2, 1_000_000, 0.0), (1, 2, 1_000_000, 0.0), (0, 2, 1_000_000, 0.0), (2, 0, 500_000, 0.1)],
+                   [(3, 0, DELIVERED)])
+
+
+@pytest.mark.parametrize("engine, tolerance", [("simgrid", 0.01), ("ns3", 0.05)])
+def test_the_simulators_share_a_link_between_the_transfers_crossing_it(engine, tolerance):
+    """Two 1 MB transfers into one node at 100 Mbit/s share its link: each takes twice as long as alone; a third
+    on the first one's connection waits for it, then has the link to itself; an answer follows after 0.1 s."""
+    _require("simgrid" if engine == "simgrid" else "ns")
+    (times,) = simulate_all(engine, [(SHARING, _links(100e6))])
+    alone = 1_000_000 * 8 / (100e6 * EFFICIENCY)
+    assert times.loc[0, "end_s"] == pytest.approx(2 * alone, rel=tolerance)
+    assert times.loc[1, "end_s"] == pytest.approx(2 * alone, rel=tolerance)
+    assert times.loc[2, "start_s"] == pytest.approx(times.loc[0, "end_s"], abs=1e-9)
+    assert times.loc[2, "end_s"] - times.loc[2, "start_s"] == pytest.approx(alone, rel=tolerance)
+    assert times.loc[3, "start_s"] == pytest.approx(times.loc[0, "end_s"] + 0.1, rel=1e-6)
+    assert times.attrs["wall_s"] > 0
+
+
+def test_simgrid_keeps_a_host_limit_shared_by_both_ways():
+    _require("simgrid")
+    program = _program([(0, 1, 1_000_000, 0.0), (1, 0, 1_000_000, 0.0)], [])
+    limited = Links(np.full(2, 1e9), np.full(2, 1e9), np.array([100e6, UNLIMITED_BIT_S]), 1e-6)
+    (times,) = simulate_all("simgrid", [(program, limited)])
+    both_ways = 2 * 1_000_000 * 8 / (100e6 * EFFICIENCY)     # node 0's host carries its send and its receipt
+    assert times["end_s"].max() == pytest.approx(both_ways, rel=0.01)
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("job", ["mxnet_sync_large", "mxnet_sync", "mxnet_async"])
+def test_a_replay_of_the_captured_network_reproduces_the_captured_iteration_time(decoded_job, tmp_path, job):
+    _require("simgrid")
+    result = _invoke("simulate", decoded_job(job), "--out", tmp_path / "sim", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    measured = summary["measured_iteration_s_mean"]
+    assert measured == pytest.approx(worker_iterations(build_records(load_dataset(decoded_job(job))))[
+        "iteration_s"].mean())
+    assert summary["iteration_s_mean"] == pytest.approx(measured, rel=0.15)
+    assert summary["replay"] is True
+
+
+def test_a_collective_job_replays_its_messages(decoded_job, tmp_path):
+    _require("simgrid")
+    result = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["model"]["kind"] == "collectives" and summary["model"]["message_ends_unmatched"] == 0
+    # the bundled job runs its operations once: no iteration repeats, the span is what compares
+    assert summary["span_s"] == pytest.approx(summary["measured_span_s"], rel=0.15)
+    refused = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim4", "--workers", "4")
+    assert refused.exit_code == 1 and "parameter-server" in refused.output and "Traceback" not in refused.output
+
+
+def test_simulate_writes_its_tables_summary_and_manifest(decoded_job, tmp_path):
+    _require("simgrid")
+    out = tmp_path / "sim"
+    result = _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", out, "--bandwidth", "10Gbit",
+                     "--latency", "20us", "--workers", "3", "--servers", "3", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(result.output)
+    assert summary["parameters"]["bandwidth_bit_s"] == 10e9 and summary["parameters"]["latency_s"] == pytest.approx(20e-6)
+    assert summary["parameters"]["workers"] == 3 and summary["parameters"]["servers"] == 3
+    assert summary["replay"] is False
+    assert [row["worker_rank"] for row in summary["per_worker"]] == [0, 1, 2]
+    for row in summary["per_worker"]:
+        assert row["communication_s_mean"] > 0 and 0 <= row["overlap_ratio_mean"] <= 1
+    iterations = pd.read_parquet(out / "iterations.parquet")
+    assert tuple(iterations.columns) == ITERATION_COLUMNS
+    assert iterations["iteration_s"].mean() == pytest.approx(summary["iteration_s_mean"])
+    assert set(pd.read_parquet(out / "messages.parquet")["server_rank"]) == {0, 1, 2}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["kind"] == "simulate"
+    assert set(manifest["files"]) == {"summary.json", "iterations.parquet", "measured_iterations.parquet",
+                                      "messages.parquet", "keys.parquet"}
+    again = _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", out)
+    assert again.exit_code == 1 and "--force" in again.output
+    assert _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", out, "--force").exit_code == 0
+
+
+def test_a_faster_network_is_never_slower_and_more_workers_on_one_network_never_faster(decoded_job, tmp_path):
+    _require("simgrid")
+    figures = {}
+    for name, options in {"slow": ["--bandwidth", "50M"], "fast": ["--bandwidth", "5G"],
+                          "slow4": ["--bandwidth", "50M", "--workers", "4"]}.items():
+        result = _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", tmp_path / name, "--json", *options)
+        figures[name] = json.loads(result.output)["iteration_s_mean"]
+    assert figures["fast"] < figures["slow"] <= figures["slow4"]
+    # at 50 Mbit/s two workers push 2 x 5.12 MB through 2 servers' links each iteration: at least that long
+    assert figures["slow"] > 2 * 5.12e6 * 8 / (50e6 * EFFICIENCY) / 2
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["--bandwidth", "fast"], "not a rate"), (["--latency", "1 minute"], "not a duration"),
+    (["--bandwidth", "0"], "not a rate"),
+])
+def test_bad_what_ifs_are_refused_in_one_line(decoded_job, tmp_path, options, needle):
+    result = _invoke("simulate", decoded_job("mxnet_sync"), "--out", tmp_path / "sim", *options)
+    assert result.exit_code != 0 and needle in result.output and "Traceback" not in result.output
+
+
+def test_a_directory_without_a_decode_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = _invoke("simulate", tmp_path / "empty", "--out", tmp_path / "sim")
+    assert result.exit_code == 1 and "Traceback" not in result.output
