@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64
+APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 clang
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
