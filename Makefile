@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
 # chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
-# python3-simgrid: `dlcsniff simulate`'s SimGrid
+# python3-simgrid: `dlcsniff simulate`'s SimGrid; clang: the capture daemon's BPF tests
 APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
-	linux-headers-amd64 chromium python3-simgrid
+	linux-headers-amd64 chromium python3-simgrid clang
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps

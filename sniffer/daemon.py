@@ -10,9 +10,11 @@ The directory (0700, files 0600: captures hold model weights) receives, per run 
 A restart adds the next set and leaves the old files alone.
 
 Payload: by default each packet is cut in the kernel by the ZMTP snap filter (probes/zmtp_snap.c, an eBPF
-socket filter the probe helper compiles with the probes and the daemon attaches to its libpcap socket in
-place of libpcap's filter): TCP/IP headers, ZMTP greetings, frame headers, each message's first two frames
-and small bodies are kept, the values of other data frames over 64 KiB are not (their wire lengths are).
+socket filter the probe helper compiles and loads beside the probes, sniffer/snap_filter.py, and the daemon
+attaches to its libpcap socket in place of libpcap's filter): TCP/IP headers, ZMTP greetings, frame headers,
+each message's first two frames and small bodies are kept, the values of other data frames over 64 KiB are
+not (their wire lengths are). Reordered and lost segments do not stop it: it waits for a hole, stores what
+comes past it, and finds the framing again when the hole fills.
 On ps-lite-shaped traffic at 1-2 Gb/s this takes the daemon's CPU from tcpdump's 8-20 % of a core to
 2-2.5 % (`compare_capture_tools`), and a real MXNet job's capture from 523 MB to 40 MB. --ports is then
 applied by the same filter. --full-payload, --filter (a pcap expression stays libpcap's filter: a socket has one), --snaplen,
@@ -32,11 +34,13 @@ rotates only after a file went over), and one process whose privileges are dropp
 is open.
 
 Order of start (everything that can fail on a bad option fails before anything is created):
-options → interface → libpcap open + filter compile (root) → probe helper forked: it compiles and
-attaches the eBPF probes and hands over their ring buffer and the snap filter (root; sniffer/ebpf.py) →
-snap filter attached → directory opened →
-privileges dropped for good (user tcpdump, no capabilities; the directory is used through a descriptor)
-→ loop. Only the helper stays root, to attach uprobes to libraries jobs load later.
+options → interface → libpcap open + filter compile (root) → probe helper forked: it compiles and loads
+the eBPF probes and the snap filter, hands every descriptor over and exits (root; sniffer/ebpf.py) →
+uprobes attached (the loader's hook, --lib) → snap filter attached → directory opened → privileges dropped
+for good (user tcpdump; of every capability only CAP_DAC_READ_SEARCH stays, and only while the probes run:
+to read the libraries jobs load wherever they are; the bounding set holds nothing else; no_new_privs; the
+directory is used through a descriptor) → loop. Nothing stays root: the uprobes of libraries jobs load later
+are attached by the daemon as BPF links, which need the program descriptors only (sniffer/uprobes.py).
 Stop: SIGINT/SIGTERM/SIGHUP, --duration, a full disk or the disk budget; the kernel ring is drained,
 all files flushed and capture.json written within a second or two.
 """
@@ -61,7 +65,7 @@ from dlcsniff.sniffer.libpcap import (PCAP_FILE_HEADER_BYTES, PCAP_RECORD_HEADER
                                       PcapFile, write_error)
 from dlcsniff.sniffer.options import (EXIT_OK, LINK_HEADER_BYTES, MAX_SNAPLEN, MB, CaptureOptions, DaemonError,
                                       bad_option, capture_filter, check_options, full_payload_reason, resolve_user)
-from dlcsniff.sniffer.privileges import drop_privileges
+from dlcsniff.sniffer.privileges import CAP_DAC_READ_SEARCH, drop_privileges
 from dlcsniff.sniffer.probe_recorder import EbpfStatus, PayloadCut, ProbeRecorder, start_probes
 
 # The loop wakes on a clock, not on each ring block the kernel retires: a wake costs some Python (~50 us),
@@ -140,13 +144,14 @@ class Daemon:
                 options, recorder, self.log, close_in_helper=(self.pcap.fd,),
                 snap_link_header_bytes=None if payload.reason else LINK_HEADER_BYTES[self.pcap.linktype])
             if not payload.reason:
-                payload.start(recorder.helper, ebpf_status, self.pcap.fd)
+                payload.start(recorder.probes, ebpf_status, self.pcap.fd)
                 self.log(f"payload: {payload.mode}" + (f" ({payload.reason})" if payload.reason else ""))
             directory.create(user)
             if ebpf_status.enabled and ebpf_status.netns is not None:
                 recorder.record_clock()
                 recorder.record_open_sockets(ebpf_status.netns)
-            drop_privileges(user)
+            # The probes' uprobes are attached to libraries jobs load later, read wherever they are.
+            drop_privileges(user, keep=(CAP_DAC_READ_SEARCH,) if ebpf_status.enabled else ())
             os.umask(0o077)
             # Batch scheduling: the daemon's work is throughput, not latency (the kernel ring holds the
             # packets), so its wakeups must not preempt the job it watches.

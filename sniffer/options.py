@@ -2,11 +2,14 @@
 error."""
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import pwd
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,10 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_DISK_FULL = 0, 1, 2, 3
 DLT_EN10MB, DLT_LINUX_SLL, DLT_LINUX_SLL2 = 1, 113, 276
 LINK_HEADER_BYTES = {DLT_EN10MB: 14, DLT_LINUX_SLL: 0, DLT_LINUX_SLL2: 0}
 DEFAULT_USERS = ("tcpdump", "nobody")
+# --zmq-events: which libzmq calls the probes see. Each probed call traps into the kernel (a uprobe), and a
+# ZeroMQ job calls them for every frame: what each choice cost the MXNet MLP job is in the README
+# ("Capture overhead"), measured by `make bench` (tests/bench/capture.py).
+ZMQ_EVENTS = ("none", "sends", "calls")
 
 
 class DaemonError(RuntimeError):
@@ -50,6 +57,29 @@ class CaptureOptions:
     libraries: tuple[Path, ...] = ()         # probed from the start, beside those found in processes
     buffer_mb: int = 64                      # kernel capture ring
     full_payload: bool = False               # True: every byte of every packet (no ZMTP cut)
+    zmq_events: str = "none"                 # libzmq calls probed: none, sends, calls (sniffer/uprobes.py)
+
+
+def options_json(options: CaptureOptions) -> str:
+    fields = dataclasses.asdict(options)
+    fields.update(out_dir=str(options.out_dir), libraries=[str(path) for path in options.libraries])
+    return json.dumps(fields)
+
+
+def options_from_json(text: str) -> CaptureOptions:
+    try:
+        fields = json.loads(text)
+        fields.update(out_dir=Path(fields["out_dir"]), libraries=tuple(map(Path, fields["libraries"])))
+        return CaptureOptions(**fields)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise bad_option(f"options not understood: {exc}") from None
+
+
+def exec_daemon(options: CaptureOptions) -> None:
+    """Become the daemon: this process is replaced by `python -m dlcsniff.sniffer` (sniffer/__main__.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "dlcsniff.sniffer", options_json(options)])
 
 
 def parse_ports(text: str) -> list[tuple[int, int]]:
@@ -125,6 +155,10 @@ def check_options(options: CaptureOptions) -> None:
         raise bad_option("--buffer-mb must be within 1-4096")
     if options.libraries and not options.ebpf:
         raise bad_option("--lib needs the eBPF probes (drop --no-ebpf)")
+    if options.zmq_events not in ZMQ_EVENTS:
+        raise bad_option(f"--zmq-events: {options.zmq_events!r} is not one of {', '.join(ZMQ_EVENTS)}")
+    if options.zmq_events != "none" and not options.ebpf:
+        raise bad_option("--zmq-events needs the eBPF probes (drop --no-ebpf)")
     for library in options.libraries:
         if not library.is_file():
             raise bad_option(f"--lib: {library} is not a file")

@@ -1,7 +1,9 @@
-"""The daemon's side of the eBPF probes: starting them (the root helper of sniffer/ebpf.py), writing their events
-into the probe file, and the in-kernel payload cut."""
+"""The daemon's side of the eBPF probes: starting them (the root helper of sniffer/ebpf.py loads them), attaching
+uprobes to the libraries jobs load (sniffer/uprobes.py), writing their events into the probe file, and the
+in-kernel payload cut."""
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 import time
@@ -10,24 +12,27 @@ from dataclasses import dataclass, field
 
 from dlcsniff.decoders.formats import probe_events as events
 from dlcsniff.decoders.formats.probe_events import Kind
-from dlcsniff.sniffer import ebpf, procnet
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
+from dlcsniff.sniffer import ebpf, libbpf, procnet, snap_filter, uprobes
 from dlcsniff.sniffer.options import CaptureOptions, bad_option, parse_ports
 
 _KIND_TGID = struct.Struct("<H2xI")       # the head of every probe event: kind, tgid
+_LIBC = ctypes.CDLL(None)
 
 
 class ProbeRecorder:
     """Receives ring-buffer events, frames them into the probe file, and acts on what they reveal:
-    new processes (a PROCESS record) and newly opened shared objects (probes attached when they are
+    new processes (a PROCESS record) and newly loaded shared objects (probes attached when they are
     libzmq or libnccl)."""
 
     def __init__(self, log: Callable[[str], None]) -> None:
         self._log = log
         self._buffer = bytearray()
         self._seen_tgids: set[int] = set()
-        self._pending_libraries: list[tuple[int | None, str]] = []
+        self._pending_libraries: list[tuple[int, str]] = []
         self.ring: ebpf.RingReader | None = None         # events and lost counts
-        self.helper: ebpf.ProbeHelper | None = None      # the root child that compiled and attaches the probes
+        self.probes: ebpf.LoadedProbes | None = None     # what the probe helper loaded
+        self.uprobes: uprobes.Uprobes | None = None      # the uprobes attached
         self.events = 0
         self.libraries: list[dict] = []
 
@@ -53,7 +58,7 @@ class ProbeRecorder:
 
     def _library_opened(self, payload: bytes) -> None:
         opened = events.parse_event(payload)
-        if opened.tgid not in (os.getpid(), self.helper.pid):    # the helper reads libraries to inspect them
+        if opened.tgid != os.getpid():
             self._pending_libraries.append((opened.tgid, opened.path))
 
     def note_process(self, tgid: int, netns: int | None) -> None:
@@ -90,34 +95,49 @@ class ProbeRecorder:
             if owner.pid is not None:
                 self.note_process(owner.pid, netns)
 
-    def queue_library(self, tgid: int | None, path: str) -> None:
+    def queue_library(self, tgid: int, path: str) -> None:
         self._pending_libraries.append((tgid, path))
 
     def attach_pending_libraries(self) -> None:
-        """Have the helper look for libzmq/libnccl symbols in the shared objects newly opened, and attach."""
+        """Look for libzmq/libnccl symbols in the shared objects newly loaded, and attach their probes."""
         pending, self._pending_libraries = self._pending_libraries, []
+        if pending:
+            self.uprobes.detach_exited()
         for tgid, path in pending:
             try:
-                attached = self.helper.attach(tgid, path)
-            except ebpf.EbpfUnavailable as exc:
+                attached = self.uprobes.probe_loaded(tgid, path)
+            except libbpf.BpfError as exc:
                 self._log(f"cannot probe {path}: {exc}")
                 continue
             if attached is not None:
                 self.note_library(tgid, path, attached)
+        if pending:
+            # Symbol tables of large libraries were read (libmxnet.so's: tens of MB) and are garbage: give the
+            # memory back rather than keep it for the whole capture.
+            _LIBC.malloc_trim(0)
 
-    def note_library(self, tgid: int | None, path: str, attached: ebpf.LibraryProbes) -> None:
+    def note_library(self, tgid: int | None, path: str, attached: uprobes.LibraryProbes) -> None:
         entry = {"path": path, "library": attached.library, "functions": list(attached.functions), "tgid": tgid}
         self.libraries.append(entry)
         self.record(Kind.LIBRARY, entry)
         self._log(f"probing {attached.library} in {path}" + (f" (found in pid {tgid})" if tgid else ""))
 
-    def close(self) -> None:
+    def close_probes(self) -> None:
+        """Everything but the snap filter."""
         if self.ring is not None:
             self.ring.close()
             self.ring = None
-        if self.helper is not None:
-            self.helper.close()
-            self.helper = None
+        if self.uprobes is not None:
+            self.uprobes.close()
+            self.uprobes = None
+        if self.probes is not None:
+            self.probes.close()
+
+    def close(self) -> None:
+        self.close_probes()
+        if self.probes is not None and self.probes.snap is not None:
+            self.probes.snap.close()
+        self.probes = None
 
     def take_buffer(self) -> bytes:
         data, self._buffer = bytes(self._buffer), bytearray()
@@ -139,53 +159,83 @@ class EbpfStatus:
 
 def start_probes(options: CaptureOptions, recorder: ProbeRecorder, log: Callable[[str], None],
                  close_in_helper: tuple[int, ...], snap_link_header_bytes: int | None = None) -> EbpfStatus:
-    """Start the probe helper (which compiles and attaches the probes, and closes `close_in_helper`) and
-    read its ring buffer; on any failure but a bad --lib say why once and go on without probes.
-    With `snap_link_header_bytes`, the helper also loads the ZMTP snap filter for a packet socket whose
-    data starts that many bytes before the network header (recorder.helper.snap)."""
+    """Have the probe helper compile and load the probes (it closes `close_in_helper`), read their ring buffer
+    and attach the uprobes; on any failure but a bad --lib say why once and go on without probes. With
+    `snap_link_header_bytes`, the helper also loads the ZMTP snap filter for a packet socket whose data starts
+    that many bytes before the network header (recorder.probes.snap): it needs no kernel headers, and is
+    loaded when the probes cannot be."""
     if not options.ebpf:
         return EbpfStatus(False, "disabled by --no-ebpf")
     if os.geteuid() != 0:
-        status = EbpfStatus(False, "not root: eBPF probes need root (or CAP_BPF and CAP_PERFMON)")
+        status = EbpfStatus(False, "not root: eBPF probes are loaded as root")
         log(f"eBPF probes off ({status.reason}); capturing packets only")
         return status
     status = EbpfStatus(True, netns=ebpf.netns_inode())
+    libraries = [str(library.resolve()) for library in options.libraries]
     try:
-        status.notes += [note for note in (ebpf.ensure_tracefs(), ebpf.ensure_kernel_headers()) if note]
-        offsets = ebpf.kernel_offsets()
-        if not offsets:
-            status.notes.append("no kernel BTF: events of every network namespace are recorded, with thread names")
-        status.netns_filtered = bool(offsets)
-        snap = snap_link_header_bytes is not None
-        cflags = ebpf.probe_cflags(
-            netns=status.netns, offsets=offsets, link_header_bytes=snap_link_header_bytes or 0,
-            port_ranges=parse_ports(options.ports) if snap and options.ports else ())
-        libraries = [str(library.resolve()) for library in options.libraries]
-        recorder.helper = ebpf.ProbeHelper(cflags, libraries, close_in_child=close_in_helper, snap=snap)
-        recorder.ring = ebpf.RingReader(recorder.helper.events_fd, recorder.helper.lost_fd)
-        for path, attached in zip(libraries, recorder.helper.libraries):
+        try:
+            status.notes += [note for note in (ebpf.ensure_tracefs(), ebpf.ensure_kernel_headers()) if note]
+            cflags, loader = _probe_cflags(status)
+        except ebpf.EbpfUnavailable as exc:
+            cflags, loader, problem = None, None, str(exc)
+        else:
+            problem = None
+        recorder.probes = ebpf.start_probe_helper(
+            cflags, uprobes.uprobe_programs(options.zmq_events, loader=loader is not None), close_in_helper,
+            snap_cflags=None if snap_link_header_bytes is None else snap_cflags(options, snap_link_header_bytes))
+        if problem or recorder.probes.error:
+            raise ebpf.EbpfUnavailable(problem or recorder.probes.error)
+        recorder.ring = ebpf.RingReader(recorder.probes.events_fd, recorder.probes.lost_fd)
+        recorder.uprobes = uprobes.Uprobes(recorder.probes.programs, options.zmq_events)
+        if loader is not None:
+            recorder.uprobes.attach_loader(loader)
+        for path in libraries:
+            attached = recorder.uprobes.attach_library(path)
+            if attached is None:
+                found = uprobes.classify_library(uprobes.elf_symbols(path))
+                raise bad_option(f"--lib {path}: " + ("libzmq's calls are probed with --zmq-events sends or calls"
+                                                     if found else "exports neither libzmq (>= 4.2) nor libnccl symbols"))
+            recorder.uprobes.note_probed_everywhere(path)
             recorder.note_library(None, path, attached)
         # Jobs already running: the shared objects their processes map.
         for pid in procnet.pids_in_netns(status.netns):
             for path in procnet.mapped_shared_objects(pid):
                 recorder.queue_library(pid, path)
-    except ebpf.BadLibrary as exc:
-        recorder.close()
-        raise bad_option(str(exc)) from None
-    except ebpf.EbpfUnavailable as exc:
-        recorder.close()
+    except (ebpf.EbpfUnavailable, libbpf.BpfError) as exc:
+        recorder.close_probes()       # the snap filter may still cut: it needs no kernel headers
         status = EbpfStatus(False, str(exc), status.notes)
         log(f"eBPF probes off ({exc}); capturing packets only")
         return status
+    except BaseException:
+        recorder.close()
+        raise
     for note in status.notes:
         log(note)
     return status
 
 
-def print_bpf_program() -> str:
-    """The program and flags `capture` would compile here (nothing is mounted, linked or loaded)."""
-    cflags = ebpf.probe_cflags(netns=ebpf.netns_inode(), offsets=ebpf.kernel_offsets())
-    return ebpf.program_listing(cflags)
+def _probe_cflags(status: EbpfStatus) -> tuple[list[str], uprobes.Loader | None]:
+    offsets = ebpf.kernel_offsets()
+    if not offsets:
+        status.notes.append("no kernel BTF: events of every network namespace are recorded, with thread names")
+    status.netns_filtered = bool(offsets)
+    loader = uprobes.find_loader()
+    if loader is None:
+        status.notes.append("no glibc loader hook: only libraries loaded before the start or given with --lib are "
+                            "probed")
+    return ebpf.probe_cflags(netns=status.netns, offsets=offsets, loader=loader), loader
+
+
+def snap_cflags(options: CaptureOptions, link_header_bytes: int) -> list[str]:
+    return snap_filter.snap_cflags(link_header_bytes=link_header_bytes, kept_first_frames=ZMTP_KEPT_BODIES.first_frames,
+                                   kept_body_max=ZMTP_KEPT_BODIES.max_body_bytes,
+                                   port_ranges=parse_ports(options.ports) if options.ports else ())
+
+
+def print_bpf_program(options: CaptureOptions) -> str:
+    """The programs and flags `capture` would compile here (nothing is mounted, linked or loaded)."""
+    cflags = ebpf.probe_cflags(netns=ebpf.netns_inode(), offsets=ebpf.kernel_offsets(), loader=uprobes.find_loader())
+    return ebpf.program_listing(cflags, snap_cflags(options, 0))
 
 
 class PayloadCut:
@@ -195,26 +245,27 @@ class PayloadCut:
 
     def __init__(self, full_reason: str | None) -> None:
         self.reason = full_reason
-        self._filter: ebpf.SnapFilter | None = None
+        self._filter: snap_filter.SnapFilter | None = None
 
     @property
     def mode(self) -> str:
         return "full" if self._filter is None else "zmtp-cut"
 
-    def start(self, helper: ebpf.ProbeHelper | None, ebpf_status: EbpfStatus, packet_socket_fd: int) -> None:
-        if helper is None or helper.snap is None:
-            self.reason = (helper.snap_error if helper is not None else None) or f"eBPF off: {ebpf_status.reason}"
+    def start(self, probes: ebpf.LoadedProbes | None, ebpf_status: EbpfStatus, packet_socket_fd: int) -> None:
+        if probes is None or probes.snap is None:
+            self.reason = (probes.snap_error if probes is not None else None) or f"eBPF off: {ebpf_status.reason}"
             return
+        snap, probes.snap = probes.snap, None            # this object closes it from now on
         try:
-            helper.snap.attach(packet_socket_fd)
-        except ebpf.EbpfUnavailable as exc:
-            helper.snap.close()
+            snap.attach(packet_socket_fd)
+        except snap_filter.SnapUnavailable as exc:
+            snap.close()
             self.reason = str(exc)
             return
-        self._filter = helper.snap
+        self._filter = snap
 
     def status(self) -> dict:
-        counts = self._filter.counts() if self._filter is not None else dict.fromkeys(ebpf.SNAP_COUNTERS, 0)
+        counts = self._filter.counts() if self._filter is not None else dict.fromkeys(snap_filter.SNAP_COUNTERS, 0)
         return {"mode": self.mode, "reason": self.reason, **counts}
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli.app import Flag, command, err, fail
+from dlcsniff.cli.app import Flag, command, err
 
 
 @command()
@@ -36,6 +36,12 @@ def capture(
                                                "default an eBPF filter cuts the values of large ZMTP data "
                                                "frames (over 64 KiB) in the kernel; decoding needs none of "
                                                "them.")] = False,
+    zmq_events: Annotated[str, typer.Option(
+        "--zmq-events", metavar="none|sends|calls",
+        help="libzmq calls to record, for each message's send time (decode: api_ts_ns, send_queue_delay_ns). Each "
+             "probed call traps into the kernel, once per frame: on the 5-node MXNet MLP job `sends` (entry of the "
+             "send calls) cost 4 points of training time here and `calls` (entry and return of sends and "
+             "receives) 14; `none` records none.")] = "none",
     print_bpf: Annotated[bool, typer.Option("--print-bpf", **Flag, help="Print the eBPF program and its compiler flags "
                                             "as they would be used here, and exit.")] = False,
 ) -> None:
@@ -43,26 +49,25 @@ def capture(
 
     Example: dlcsniff capture --iface eth0 --out /var/lib/dlcsniff/job1 --ports 9000-9300 --max-disk-mb 20000
     """
-    from dlcsniff.sniffer.daemon import run_capture
-    from dlcsniff.sniffer.options import CaptureOptions, DaemonError
+    from dlcsniff.sniffer.options import CaptureOptions, DaemonError, check_options, exec_daemon
     from dlcsniff.sniffer.probe_recorder import print_bpf_program
 
+    options = CaptureOptions(interface=iface or "", out_dir=out_dir or Path(), filter=filter_text, ports=ports,
+                             snaplen=snaplen, rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration,
+                             ebpf=not no_ebpf, user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb,
+                             full_payload=full_payload, zmq_events=zmq_events)
     if print_bpf:
-        print(print_bpf_program())
+        print(print_bpf_program(options))
         return
     if iface is None or out_dir is None:
         err.print("[bold red]error:[/] capture needs --iface and --out", highlight=False)
         raise typer.Exit(2)
-    options = CaptureOptions(interface=iface, out_dir=out_dir, filter=filter_text, ports=ports, snaplen=snaplen,
-                             rotate_mb=rotate_mb, max_disk_mb=max_disk_mb, duration_s=duration, ebpf=not no_ebpf,
-                             user=user, libraries=tuple(lib or ()), buffer_mb=buffer_mb, full_payload=full_payload)
     try:
-        # The daemon's own plain stderr lines: after the switch to an unprivileged user it must not need
-        # anything (a lazily imported module) it can no longer read.
-        result = run_capture(options)
+        check_options(options)
     except DaemonError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        fail(f"{exc.filename or ''}: {exc.strerror or exc}")
-    raise typer.Exit(result.exit_code)
+    # The daemon runs as a process of its own, without this command line's libraries (sniffer/__main__.py);
+    # it prints plain stderr lines, and after the switch to an unprivileged user it needs nothing (a lazily
+    # imported module) it can no longer read.
+    exec_daemon(options)

@@ -1,38 +1,83 @@
-// Which shared objects the watched processes open: the daemon looks for libzmq / libnccl symbols in
-// each new one and attaches its uprobes there. The dynamic loader opens libraries with openat().
+// Which shared objects the watched processes load: the daemon looks for libzmq / libnccl symbols in each new
+// one and attaches its uprobes there.
+//
+// glibc's dynamic loader calls _dl_debug_state() (r_debug.r_brk: the debuggers' hook) after each change to
+// its list of loaded objects: once a program's own libraries are mapped, then at every dlopen/dlclose. One
+// uprobe there, in every process that loader runs, costs a trap per change and none on the job's data path
+// (a syscall tracepoint on openat() would slow every system call of every process). At RT_CONSISTENT the
+// list (struct r_debug -> struct link_map chain, <link.h>) holds every object loaded: the probe reports the
+// ones after the last it reported in that process.
+//
+// -D LDSO_DEBUG_STATE_ADDR, LDSO_R_DEBUG_ADDR: the two symbols' addresses in the loader's file (absent: no
+// loader hook; the daemon says so).
 struct lib_event {
     struct event_head head;
-    char path[LIB_PATH_BYTES];     // as passed to openat(): may be relative to the process's cwd
+    char path[LIB_PATH_BYTES];     // the object's name in the loader's list (l_name): the path it was loaded from
 };
 _Static_assert(sizeof(struct lib_event) == LIB_EVENT_BYTES, "lib_event differs from sniffer/events.py");
 
-// "*.so" or "*.so.*"
-static __always_inline bool names_shared_object(const char *path, long length) {
-    for (int i = 0; i < LIB_PATH_BYTES - 3; i++) {
-        if (i + 3 >= length)
-            break;
-        if (path[i] == '.' && path[i + 1] == 's' && path[i + 2] == 'o' && (path[i + 3] == 0 || path[i + 3] == '.'))
-            return true;
-    }
-    return false;
+#ifdef LDSO_DEBUG_STATE_ADDR
+#define RT_CONSISTENT 0
+#define R_DEBUG_MAP_OFFSET 8       // struct r_debug { int r_version; struct link_map *r_map; ElfW(Addr) r_brk;
+#define R_DEBUG_STATE_OFFSET 24    //                  enum { RT_CONSISTENT, RT_ADD, RT_DELETE } r_state; ... }
+#define LINK_MAP_NAME_OFFSET 8     // struct link_map { ElfW(Addr) l_addr; char *l_name; ElfW(Dyn) *l_ld;
+#define LINK_MAP_NEXT_OFFSET 24    //                   struct link_map *l_next, *l_prev; }
+#define LOADED_WALK_MAX 1024       // objects a process may have loaded
+#define LOADED_REPORT_MAX 64       // objects reported per change (the next change reports the rest)
+
+BPF_TABLE("lru_hash", u32, u64, loaded_reported, 16384);     // process -> link_map of the last object reported
+
+static __always_inline u64 read_user_pointer(u64 address) {
+    u64 value = 0;
+    bpf_probe_read_user(&value, sizeof(value), (void *)address);
+    return value;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_openat) {
+int ldso_debug_state(struct pt_regs *ctx) {
     u32 netns = task_netns();
     if (!netns_watched(netns))
         return 0;
-    struct lib_event *event = events.ringbuf_reserve(sizeof(struct lib_event));
-    if (!event) {
-        count_lost(KIND_LIB_OPEN);
+    u64 r_debug = PT_REGS_IP(ctx) - LDSO_DEBUG_STATE_ADDR + LDSO_R_DEBUG_ADDR;
+    int state = -1;
+    bpf_probe_read_user(&state, sizeof(state), (void *)(r_debug + R_DEBUG_STATE_OFFSET));
+    if (state != RT_CONSISTENT)
         return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 *last = loaded_reported.lookup(&tgid);
+    u64 reported = last ? *last : 0;
+    u64 object = read_user_pointer(r_debug + R_DEBUG_MAP_OFFSET);
+    // Past the last object reported (not found, after a dlclose: from the start; the daemon drops repeats).
+    if (reported) {
+        u64 from = object;
+        for (int i = 0; i < LOADED_WALK_MAX && from; i++) {
+            u64 next = read_user_pointer(from + LINK_MAP_NEXT_OFFSET);
+            if (from == reported) {
+                object = next;
+                break;
+            }
+            from = next;
+        }
     }
-    __builtin_memset(event, 0, sizeof(*event));
-    long length = bpf_probe_read_user_str(event->path, sizeof(event->path), args->filename);
-    if (length <= 0 || !names_shared_object(event->path, length)) {
-        events.ringbuf_discard(event, BPF_RB_NO_WAKEUP);
-        return 0;
+    for (int i = 0; i < LOADED_REPORT_MAX && object; i++) {
+        u64 name = read_user_pointer(object + LINK_MAP_NAME_OFFSET);
+        reported = object;
+        object = read_user_pointer(object + LINK_MAP_NEXT_OFFSET);
+        struct lib_event *event = events.ringbuf_reserve(sizeof(struct lib_event));
+        if (!event) {
+            count_lost(KIND_LIB_OPEN);
+            break;
+        }
+        __builtin_memset(event, 0, sizeof(*event));
+        long length = bpf_probe_read_user_str(event->path, sizeof(event->path), (void *)name);
+        if (length <= 1) {                           // the program itself, the vDSO: no file name
+            events.ringbuf_discard(event, BPF_RB_NO_WAKEUP);
+            continue;
+        }
+        fill_head(&event->head, KIND_LIB_OPEN, netns);
+        events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     }
-    fill_head(&event->head, KIND_LIB_OPEN, netns);
-    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    if (reported)
+        loaded_reported.update(&tgid, &reported);
     return 0;
 }
+#endif

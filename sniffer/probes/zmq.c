@@ -1,14 +1,19 @@
-// libzmq per-message API events: one event per frame handed to or taken from libzmq.
+// libzmq API events: one event per frame handed to or taken from libzmq.
 //
 //   int zmq_msg_send (zmq_msg_t *msg, void *socket, int flags);   returns the frame size or -1
 //   int zmq_msg_recv (zmq_msg_t *msg, void *socket, int flags);
 //   int zmq_send (void *socket, const void *buf, size_t len, int flags);
 //   int zmq_recv (void *socket, void *buf, size_t len, int flags);  returns the frame size (may exceed len)
 //
-// The entry probe notes the arguments per thread, the return probe emits the event with the result:
-// failed calls (EAGAIN polling, EINTR) are not messages and are not reported. The event's head time is
-// the call, `return_ts_ns` its return. zmq_sendmsg/zmq_recvmsg (deprecated aliases that call
-// zmq_msg_send/recv) are not probed, so nothing is counted twice.
+// Every probed call traps into the kernel (a uprobe: microseconds on a virtual machine), so what is probed
+// is the daemon's --zmq-events choice (sniffer/options.py says what each costs):
+// - "calls": entry and return of the four. The entry probe notes the arguments per thread, the return probe
+//   emits the event with the result: failed calls (EAGAIN polling, EINTR) are not messages and are not
+//   reported. The event's head time is the call, `return_ts_ns` its return.
+// - "sends": the entry of the two send calls only, a quarter of the traps: the size is read from the
+//   zmq_msg_t (or is zmq_send's len), `return_ts_ns` is the call time, a call that then fails is reported.
+// zmq_sendmsg/zmq_recvmsg (deprecated aliases that call zmq_msg_send/recv) are not probed, so nothing is
+// counted twice.
 struct zmq_event {
     struct event_head head;
     u64 return_ts_ns;
@@ -80,6 +85,65 @@ static __always_inline int zmq_exit(struct pt_regs *ctx, u16 kind) {
     }
     events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
+}
+
+// zmq_msg_t (libzmq 4.2 and 4.3 msg.hpp: a 64-byte union): the message type at byte 42 says where the
+// size is: in the message (vsm: byte 41), after the data pointer (cmsg: bytes 16-23), or in the content it
+// points to (lmsg, zclmsg: content_t { void *data; size_t size; ... } at bytes 8-15).
+#define ZMQ_MSG_TYPE_OFFSET 42
+#define ZMQ_MSG_VSM 101
+#define ZMQ_MSG_LMSG 102
+#define ZMQ_MSG_CMSG 104
+#define ZMQ_MSG_ZCLMSG 105
+static __always_inline s64 zmq_msg_size_at_entry(u64 msg) {
+    u8 type = 0;
+    bpf_probe_read_user(&type, sizeof(type), (char *)msg + ZMQ_MSG_TYPE_OFFSET);
+    if (type == ZMQ_MSG_VSM) {
+        u8 size = 0;
+        bpf_probe_read_user(&size, sizeof(size), (char *)msg + ZMQ_MSG_TYPE_OFFSET - 1);
+        return size;
+    }
+    u64 size = 0;
+    if (type == ZMQ_MSG_CMSG) {
+        bpf_probe_read_user(&size, sizeof(size), (char *)msg + 16);
+    } else if (type == ZMQ_MSG_LMSG || type == ZMQ_MSG_ZCLMSG) {
+        u64 content = 0;
+        bpf_probe_read_user(&content, sizeof(content), (char *)msg + 8);
+        bpf_probe_read_user(&size, sizeof(size), (char *)content + 8);
+    }
+    return size;
+}
+
+static __always_inline int zmq_sent(u16 function, u64 socket, u64 msg, s64 size, s32 flags) {
+    u32 netns = task_netns();
+    if (!netns_watched(netns))
+        return 0;
+    struct zmq_event *event = events.ringbuf_reserve(sizeof(struct zmq_event));
+    if (!event) {
+        count_lost(KIND_ZMQ_SEND);
+        return 0;
+    }
+    __builtin_memset(event, 0, sizeof(*event));
+    fill_head(&event->head, KIND_ZMQ_SEND, netns);
+    event->return_ts_ns = event->head.ts_ns;
+    event->socket = socket;
+    event->msg = msg;
+    event->size = size;
+    event->flags = flags;
+    event->function = function;
+    event->more = (flags & ZMQ_SNDMORE_FLAG) ? 1 : 0;
+    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+int zmq_msg_send_sent(struct pt_regs *ctx) {
+    return zmq_sent(ZMQ_FN_MSG_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), zmq_msg_size_at_entry(PT_REGS_PARM1(ctx)),
+                    (s32)PT_REGS_PARM3(ctx));
+}
+
+int zmq_send_sent(struct pt_regs *ctx) {
+    return zmq_sent(ZMQ_FN_SEND, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s64)PT_REGS_PARM3(ctx),
+                    (s32)PT_REGS_PARM4(ctx));
 }
 
 int zmq_msg_send_enter(struct pt_regs *ctx) {

@@ -2,8 +2,11 @@
 
 - `mxnet_slowdown`: the same real MXNet job (scheduler, 2 servers, 2 workers in namespaces) with and
   without a daemon per node, alternated, several runs; the ratio of the median training-loop times, for
-  a communication-bound MLP and for LeNet; beside it plain tcpdump and the daemon keeping every byte.
-  Target: at most 1.03.
+  a communication-bound MLP (every mode: the daemon as it runs by default, with each --zmq-events choice,
+  keeping every byte; plain tcpdump, and tcpdump -s 96, the floor of any packet capture) and for LeNet
+  (the default daemon and the tcpdump floor). Target: the default daemon at most 3 points above tcpdump
+  -s 96. Also per mode the capture processes' CPU and the capture size of each run: its spread across runs
+  is the in-kernel cut's steadiness (target: under 10 %).
 - `capture_rate`: ps-lite-shaped traffic (pyzmq PUSH -> PULL, [meta, keys, 1 MB values, lens] messages,
   as ps-lite pushes) between two namespaces on a veth pair (MTU 1500, offloads off), rate-limited with tc tbf in
   steps; a daemon on the receiver. Per step: the rate reached, kernel drops, the daemon's CPU and RSS
@@ -37,10 +40,21 @@ RATES_MBIT = (250, 500, 1000, 2000, 3000, 5000)
 STEP_S = 4.0
 ZMQ_PORT = 7400
 BUFFER_MB = 64
-MXNET_RUNS = 5
+MXNET_RUNS = 7
 # model -> batches: the communication-bound MLP (3 ms a batch) and LeNet (tens of ms a batch, 1.7 MB of
 # parameters pushed and pulled by each worker every batch)
 MXNET_JOBS = {"mlp": 600, "lenet": 150}
+MXNET_MODES = {
+    "none": {"capture": None},
+    "tcpdump -s 96": {"capture": "tcpdump", "tcpdump_snaplen": 96},
+    "tcpdump": {"capture": "tcpdump"},
+    "dlcsniff": {"capture": "dlcsniff"},
+    "dlcsniff --zmq-events sends": {"capture": "dlcsniff", "daemon_args": ("--zmq-events", "sends")},
+    "dlcsniff --zmq-events calls": {"capture": "dlcsniff", "daemon_args": ("--zmq-events", "calls")},
+    "dlcsniff --full-payload": {"capture": "dlcsniff", "daemon_args": ("--full-payload",)},
+}
+# LeNet: the floor and the default daemon (its cut's steadiness on large values)
+MXNET_MODES_OF = {"mlp": tuple(MXNET_MODES), "lenet": ("none", "tcpdump -s 96", "dlcsniff")}
 SENDER = r"""
 import sys, time, zmq
 address, seconds = sys.argv[1], float(sys.argv[2])
@@ -74,18 +88,24 @@ print(received, (last - first) if first else 0.0, flush=True)
 """
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def _rss_mb(pid: int) -> tuple[float, float]:
+    """(RSS, RSS without the packet socket's ring mapping) in MB."""
+    rss = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:")).split()[1])
+    ring, mapping = 0, ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if not line[:1].isupper():
+            mapping = line
+        elif line.startswith("Rss:") and mapping.rstrip().endswith("]") and "socket:[" in mapping:
+            ring += int(line.split()[1])
+    return rss / 1024, (rss - ring) / 1024
 
 
 class _Sampler:
-    """Peak RSS of some processes, sampled every 50 ms while traffic runs."""
+    """Peak RSS of some processes (and without the capture ring), sampled every 50 ms while traffic runs."""
 
     def __init__(self, pids: list[int]) -> None:
-        self.peak = {pid: 0.0 for pid in pids}
+        self.peak = {pid: (0.0, 0.0) for pid in pids}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -94,11 +114,12 @@ class _Sampler:
         while not self._stop.wait(0.05):
             for pid in self.peak:
                 try:
-                    self.peak[pid] = max(self.peak[pid], _rss_mb(pid))
+                    rss, without_ring = _rss_mb(pid)
                 except OSError:
-                    pass
+                    continue
+                self.peak[pid] = (max(self.peak[pid][0], rss), max(self.peak[pid][1], without_ring))
 
-    def stop(self) -> dict[int, float]:
+    def stop(self) -> dict[int, tuple[float, float]]:
         self._stop.set()
         self._thread.join()
         return self.peak
@@ -159,9 +180,10 @@ def _capture_step(cluster: Cluster, rate_mbit: int | None, tool: str, out: Path)
     return {
         "tool": tool, "tbf_mbit": rate_mbit, "gbps": round(received * 8 / max(seconds, 1e-9) / 1e9, 3),
         "packets": packets, "dropped": dropped,
-        "cpu_percent": round(100 * cpu[main] / elapsed, 1), "rss_mb": round(peaks[main], 1),
-        "helper_cpu_percent": round(100 * sum(cpu[pid] for pid in pids[1:]) / elapsed, 1),
-        "helper_rss_mb": round(sum(peaks[pid] for pid in pids[1:]), 1),
+        "cpu_percent": round(100 * cpu[main] / elapsed, 1), "rss_mb": round(peaks[main][0], 1),
+        "rss_without_ring_mb": round(peaks[main][1], 1), "other_processes": len(pids) - 1,
+        "others_cpu_percent": round(100 * sum(cpu[pid] for pid in pids[1:]) / elapsed, 1),
+        "others_rss_mb": round(sum(peaks[pid][0] for pid in pids[1:]), 1),
     }
 
 
@@ -177,8 +199,8 @@ def capture_rate(tools: tuple[str, ...] = ("dlcsniff",), rates_mbit=(*RATES_MBIT
     clean = [step for step in steps if step["tool"] == "dlcsniff" and step["dropped"] == 0]
     best = max(clean, key=lambda step: step["gbps"], default=None)
     return {"steps": steps, "highest_zero_drop_gbps": best and best["gbps"],
-            "at_that_rate": best and {key: best[key] for key in ("cpu_percent", "rss_mb", "helper_cpu_percent",
-                                                                  "helper_rss_mb")}}
+            "at_that_rate": best and {key: best[key] for key in ("cpu_percent", "rss_mb", "rss_without_ring_mb",
+                                                                  "other_processes", "others_rss_mb")}}
 
 
 def compare_capture_tools(rates_mbit=(1000, 2000, None)) -> dict:
@@ -190,21 +212,23 @@ def _capture_bytes(directory: Path) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*.pcap"))
 
 
+def _spread(values: list[float]) -> float | None:
+    """(largest - smallest) / median: how much a quantity varies run to run."""
+    middle = statistics.median(values) if values else 0
+    return round((max(values) - min(values)) / middle, 3) if middle else None
+
+
 def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) -> dict:
-    """Per model (batches): training-loop time without capture, with plain tcpdump on every node (what any
-    full-packet libpcap capture costs; with -s 96, what keeping only the headers of every packet costs: the
-    floor of any packet capture), with dlcsniff daemons keeping every byte (--no-ebpf, --full-payload)
-    and with the daemons as they run by default (probes, tensor values cut in the kernel), alternated run by
-    run; `ratios` are medians over the median without capture, `ratio` the default daemon's."""
-    modes = {"none": {"capture": None}, "tcpdump": {"capture": "tcpdump"},
-             "tcpdump -s 96": {"capture": "tcpdump", "tcpdump_snaplen": 96},
-             "dlcsniff --no-ebpf": {"capture": "dlcsniff", "daemon_args": ("--no-ebpf",)},
-             "dlcsniff --full-payload": {"capture": "dlcsniff", "daemon_args": ("--full-payload",)},
-             "dlcsniff": {"capture": "dlcsniff"}}
+    """Per model (batches): training-loop time of the same job under each capture mode (MXNET_MODES_OF),
+    alternated run by run; `ratios` are medians over the median without capture, `over_floor` each mode's
+    ratio minus tcpdump -s 96's (in points: the target is the default daemon's at most 3); the capture
+    processes' CPU (from the job's start to its end) and the capture size of every run with its spread."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="dlcsniff-bench-") as scratch:
         for model, batches in jobs.items():
+            modes = {mode: MXNET_MODES[mode] for mode in MXNET_MODES_OF[model]}
             times: dict[str, list[float]] = {mode: [] for mode in modes}
+            job_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             capture_mb: dict[str, list[float]] = {mode: [] for mode in modes}
             for index in range(runs):
@@ -212,13 +236,26 @@ def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) ->
                     directory = Path(scratch) / f"{model}-{mode.replace(' ', '_')}{index}"
                     job = run_mxnet_job(directory, WORKLOAD_PYTHON, batches=batches, model=model, **options)
                     times[mode].append(round(job.training_seconds(), 3))
+                    job_cpu[mode].append(round(job.job_cpu_seconds(), 2))
                     capture_cpu[mode].append(round(job.capture_cpu_s, 2))
                     capture_mb[mode].append(round(_capture_bytes(directory) / 1e6, 1))
                     shutil.rmtree(directory)
             baseline = statistics.median(times["none"])
             ratios = {mode: round(statistics.median(spans) / baseline, 4) for mode, spans in times.items()}
-            results[model] = {"ratio": ratios["dlcsniff"], "ratios": ratios, "training_seconds": times,
-                              "capture_cpu_seconds": capture_cpu, "capture_mb": capture_mb, "batches": batches}
+            floor = ratios["tcpdump -s 96"]
+            cpu_baseline = statistics.median(job_cpu["none"])
+            cpu_ratios = {mode: round(statistics.median(spent) / cpu_baseline, 4) for mode, spent in job_cpu.items()}
+            results[model] = {
+                "ratio": ratios["dlcsniff"], "ratios": ratios,
+                "over_floor_points": {mode: round(100 * (ratio - floor), 1) for mode, ratio in ratios.items()},
+                # the job's own CPU (all nodes), less disturbed by other work on the machine than wall time
+                "job_cpu_ratios": cpu_ratios,
+                "job_cpu_over_floor_points": {mode: round(100 * (ratio - cpu_ratios["tcpdump -s 96"]), 1)
+                                              for mode, ratio in cpu_ratios.items()},
+                "training_seconds": times, "job_cpu_seconds": job_cpu, "capture_cpu_seconds": capture_cpu,
+                "capture_mb": capture_mb,
+                "capture_mb_spread": {mode: _spread(sizes) for mode, sizes in capture_mb.items() if mode != "none"},
+                "batches": batches, "load_average": os.getloadavg()}
     return {"ratio": max(result["ratio"] for result in results.values()), "runs": runs, "models": results}
 
 

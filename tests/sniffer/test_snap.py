@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES, pslite
-from dlcsniff.sniffer import ebpf
+from dlcsniff.sniffer.options import CaptureOptions
+from dlcsniff.sniffer.probe_recorder import snap_cflags
 from lab.netns import Cluster
 from tests.conftest import require_root, require_tool
 from tests.support.daemon import TOOL_PYTHON, RunningDaemon, decode_zmtp
@@ -183,13 +184,13 @@ def test_the_cut_keeps_every_header_and_the_wire_lengths(captured):
     cut_bytes = sum(packet["wire"] - packet["captured"] for packet in zmq_flow)
     # the values of the 65537 B, 1 MB and 5 MB frames of the multipart message are not in the file (sent
     # alone, each is a message's first frame, which as ps-lite's meta is kept whole), but for packets kept
-    # whole while the filter waited for a reordered one that might hold a frame header (up to 1 MiB)
+    # whole while the filter waited for a reordered one that might hold a frame header
     assert cut_bytes >= (65537 + 1_000_000 + 5_000_000) - (1 << 20) - 10 * 1500
     # the traffic is 12.1 MB of frames, of which the 6 MB sent alone stay whole: the file is about half
     assert cut_pcap.stat().st_size < full_pcap.stat().st_size * 0.65
     # capture.json counts what the kernel cut, exactly as the file shows it
     assert full_run["payload"] == {"mode": "full", "reason": "--full-payload", "cut_packets": 0, "cut_bytes": 0,
-                                   "full_flows": 0}
+                                   "full_flows": 0, "waits": 0, "resumed": 0}
     payload = cut_run["payload"]
     assert payload["mode"] == "zmtp-cut" and payload["reason"] is None
     every_packet = tshark_packets(cut_pcap)
@@ -197,6 +198,7 @@ def test_the_cut_keeps_every_header_and_the_wire_lengths(captured):
     assert payload["cut_packets"] == sum(packet["captured"] < packet["wire"] for packet in every_packet)
     # the early flow (sender->receiver data seen, the receiver's acks carry no payload) and the plain one
     assert payload["full_flows"] >= 2
+    assert payload["waits"] == payload["resumed"]            # every wait for a hole ended in the framing found
 
 
 def test_decode_of_the_cut_capture_gives_every_frame_size(captured, tmp_path):
@@ -233,7 +235,7 @@ def test_a_filter_expression_keeps_whole_packets_and_says_why(captured):
 def test_the_cut_keeps_every_body_the_decoders_keep():
     """The kernel cut and the decoders keep bodies by one rule (the registry's ZMTP_KEPT_BODIES): the
     compiled filter gets both of its numbers, and ps-lite's keep_body follows it."""
-    flags = " ".join(ebpf.probe_cflags(netns=None, offsets={}))
+    flags = " ".join(snap_cflags(CaptureOptions("lo", Path("out")), 0))
     assert f"-DSNAP_KEPT_FIRST_FRAMES={ZMTP_KEPT_BODIES.first_frames}" in flags
     assert f"-DSNAP_KEPT_BODY_MAX={ZMTP_KEPT_BODIES.max_body_bytes}" in flags
     keep = pslite.PsliteDecoder().keep_body

@@ -37,6 +37,7 @@ class NodeProcess:
     log: Path
     record: Path
     killed: bool = False
+    cpu_s: float | None = None       # user + system CPU of the process (its threads), once it was reaped
 
 
 @dataclass
@@ -46,6 +47,11 @@ class JobRun:
     daemons: dict[str, RunningDaemon] = field(default_factory=dict)
     captures: list[subprocess.Popen] = field(default_factory=list)     # tcpdump, for reference runs
     capture_cpu_s: float = 0.0       # CPU the capture processes used from job start to job end
+
+    def job_cpu_seconds(self) -> float:
+        """CPU the job's own processes used (every node; a probe's trap and the kernel's work on their
+        packets are charged to them)."""
+        return sum(node.cpu_s or 0.0 for node in self.nodes.values())
 
     def training_seconds(self) -> float:
         """Wall time of the workers' training loops (first batch start to last batch end, slowest worker)."""
@@ -131,17 +137,27 @@ def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None =
     return run
 
 
+def _reaped(node: NodeProcess) -> bool:
+    """Whether the node's process ended; reaped here with its resource usage (Popen keeps none)."""
+    if node.process.returncode is None:
+        pid, status, usage = os.wait4(node.process.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        node.process.returncode = os.waitstatus_to_exitcode(status)
+        node.cpu_s = usage.ru_utime + usage.ru_stime
+    return True
+
+
 def _wait_for_job(run: JobRun) -> None:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     workers_done_at = None
-    while any(node.process.poll() is None for node in run.nodes.values()):
+    while not all(_reaped(node) for node in run.nodes.values()):
         now = time.monotonic()
-        if workers_done_at is None and all(node.process.poll() is not None for node in run.nodes.values()
-                                           if node.role == "worker"):
+        if workers_done_at is None and all(_reaped(node) for node in run.nodes.values() if node.role == "worker"):
             workers_done_at = now
         if now > deadline or (workers_done_at is not None and now - workers_done_at > STRAGGLER_GRACE_S):
             for node in run.nodes.values():
-                if node.process.poll() is None:
+                if not _reaped(node):
                     node.process.kill()
                     node.killed = True
                     node.process.wait()
