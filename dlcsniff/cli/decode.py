@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
 from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, detail, err, fail,
                               out, warn)
@@ -40,7 +38,6 @@ def decode(
     dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
     """
     from dlcsniff.decoders.dask_cluster import ClusterError
-    from dlcsniff.decoders.dask_decode import decode_paths_dask
     from dlcsniff.decoders.errors import CaptureError
     from dlcsniff.decoders.inputs.capture_set import expand_inputs
     from dlcsniff.decoders.job import decode_paths
@@ -61,6 +58,7 @@ def decode(
         show = progress if progress is not None else total >= PROGRESS_MIN_BYTES
         if not show:
             return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
         bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True)
         bar.start()
@@ -70,6 +68,7 @@ def decode(
     began = time.monotonic()
     try:
         if engine == "dask":
+            from dlcsniff.decoders.dask_decode import decode_paths_dask
             dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
         else:
             dataset = decode_paths(captures, progress_total=progress_total, workers=workers)
@@ -103,6 +102,8 @@ def decode(
 
 
 def _print_decode_summary(summary: dict, tables: dict) -> None:
+    from rich.table import Table
+
     for warning in summary["warnings"]:
         warn(warning)
     table = Table(title="capture", title_justify="left")
