@@ -6,7 +6,7 @@ WVENV := .venv-workloads
 APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 \
                 gcc libc6-dev python3-dev
 # C sources pip builds into the package (pyproject.toml: ext-modules), each with a pure-Python fallback
-C_SOURCES := decoders/inputs/record_walk.c
+C_SOURCES := decoders/inputs/record_walk.c decoders/tcp_headers.c
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -32,9 +32,9 @@ $(VENV)/.installed: pyproject.toml $(C_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
-	# the compiled record walk is optional to pip (a fallback exists), not to `make setup`: say so if it failed
-	$(VENV)/bin/python -c 'import dlcsniff.decoders.inputs._record_walk' || \
-	  { echo "the C extension (decoders/inputs/record_walk.c) did not build: see pip's output above" >&2; exit 1; }
+	# the compiled parts are optional to pip (each has a fallback), not to `make setup`: say so if one failed
+	$(VENV)/bin/python -c 'import dlcsniff.decoders.inputs._record_walk, dlcsniff.decoders._tcp_headers' || \
+	  { echo "a C extension ($(C_SOURCES)) did not build: see pip's output above" >&2; exit 1; }
 	# MLCommons' own Chakra reader, the tests' independent check of our .et writer. --no-deps: its declared
 	# dependencies pull in ~70 packages (HTA, Jupyter); its schema and reader need only protobuf.
 	$(VENV)/bin/pip install -q --no-deps mlc-chakra==1.0.0

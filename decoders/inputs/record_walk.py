@@ -1,9 +1,8 @@
 """Where the packet records lying whole in a read buffer start: the hot loop of reading a capture.
 
-One contract, two implementations: the compiled `_record_walk` (record_walk.c, built by `make setup`) and the
-pure-Python functions here, which are the fallback when it is not built and the reference the tests hold it
-to. `pcap_offsets` / `epb_offsets` are whichever is in use; DLCSNIFF_PURE_PYTHON=1 in the environment chooses
-the pure-Python ones (tests, benchmarks).
+One contract, two implementations: the compiled `_record_walk` (record_walk.c, built by `make setup`; see
+decoders.compiled) and the pure-Python functions here, which are the fallback when it is not built and the
+reference the tests hold it to. `pcap_offsets` / `epb_offsets` are whichever is in use.
 
     pcap_offsets(buf, pos, big_endian) -> (offsets, pos)
         pcap records (a 16-byte header: ts_sec, ts_frac, caplen, orig_len; then the packet) from pos on, as
@@ -18,9 +17,10 @@ or not an enhanced packet block, or the end of buf).
 """
 from __future__ import annotations
 
-import os
 import struct
 from array import array
+
+from dlcsniff.decoders.compiled import compiled_module
 
 _PCAP_CAPLEN = {False: struct.Struct("<8xI").unpack_from, True: struct.Struct(">8xI").unpack_from}
 _EPB_CHECKED = {False: struct.Struct("<III8xI").unpack_from, True: struct.Struct(">III8xI").unpack_from}
@@ -59,16 +59,6 @@ def epb_offsets_python(buf, pos: int, big_endian: bool, interfaces: int) -> tupl
     return offsets, pos
 
 
-def _compiled():
-    if os.environ.get("DLCSNIFF_PURE_PYTHON") == "1":
-        return None
-    try:
-        from dlcsniff.decoders.inputs import _record_walk
-    except ImportError:
-        return None
-    return _record_walk
-
-
 def _as_array(walk):
     def offsets(*args) -> tuple[array, int]:
         raw, pos = walk(*args)
@@ -78,7 +68,7 @@ def _as_array(walk):
     return offsets
 
 
-_COMPILED = _compiled()
+_COMPILED = compiled_module("dlcsniff.decoders.inputs._record_walk")
 COMPILED = _COMPILED is not None     # whether the compiled walk is in use
 pcap_offsets = _as_array(_COMPILED.pcap_offsets) if COMPILED else pcap_offsets_python
 epb_offsets = _as_array(_COMPILED.epb_offsets) if COMPILED else epb_offsets_python
