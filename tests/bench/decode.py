@@ -74,13 +74,17 @@ def run() -> dict:
         "tshark_on_large": ("finished" if large["runs"]["tshark -q -z conv,tcp"]["finished"]
                             else f"did not finish in {TSHARK_LARGE_TIMEOUT_S} s"),
         "cost_per_packet_large_vs_small_cpu": round(ours_large["us_per_packet_cpu"] / ours_small["us_per_packet_cpu"], 2),
-        "peak_pss_mb_small_large": [ours_small["peak_pss_mb"], ours_large["peak_pss_mb"]],
+        "peak_memory_mb_small_large": {key: [ours_small[key], ours_large[key]] for key in (
+            "max_process_rss_mb", "peak_rss_mb", "peak_pss_mb")},
         "targets": {
             "at least 3x tshark on the small capture (wall)": small["ratios"].get("speedup_vs_tshark_wall", 0) >= 3,
             "within 3x of libpcap's read pass on >= 1 GB (wall)": large["ratios"]["tcpdump_read_vs_dlcsniff_wall"] <= 3,
             "cost per packet on >= 1 GB no higher than on the small capture (cpu)":
                 ours_large["us_per_packet_cpu"] <= ours_small["us_per_packet_cpu"],
-            "peak memory under 150 MB on both (PSS)": max(ours_small["peak_pss_mb"], ours_large["peak_pss_mb"]) < 150,
+            "peak RSS under 150 MB on both (largest process)":
+                max(ours_small["max_process_rss_mb"], ours_large["max_process_rss_mb"]) < 150,
+            "peak RSS under 150 MB on both (whole tree, shared pages twice)":
+                max(ours_small["peak_rss_mb"], ours_large["peak_rss_mb"]) < 150,
         },
     }
 

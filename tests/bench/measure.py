@@ -3,9 +3,10 @@ alternate with the commands it is compared with (the machine is shared: other wo
 
 - wall: from start to exit; cpu: user + system time of the command and every process it waited for (os.wait4),
   the figure least moved by other work on the machine;
-- memory, sampled every SAMPLE_S: the summed resident set (RSS) of every process in the command's session, and
-  the summed proportional set (PSS: a page shared by n processes counts 1/n in each, so a forked worker's pages
-  shared with its parent count once), the peak of each.
+- memory: the peak resident set (RSS) of its largest process (the kernel's maxrss, as GNU time reports it); and,
+  sampled every SAMPLE_S, the peaks of the summed RSS of every process in the command's session (a forked
+  worker's pages shared with its parent count twice) and of their summed proportional sets (PSS: a page shared
+  by n processes counts 1/n in each, processes outside the command included).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ MB = 2 ** 20
 class Run:
     wall_s: float
     cpu_s: float
+    max_process_rss_mb: float
     peak_rss_mb: float
     peak_pss_mb: float
     finished: bool = True          # False: stopped at the time limit
@@ -73,7 +75,7 @@ def measure(argv: list[str], *, env: dict | None = None, timeout_s: float | None
     if finished and proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.read().decode(errors='replace')}")
     proc.stderr.close()
-    return Run(wall, usage.ru_utime + usage.ru_stime, peak_rss / MB, peak_pss / MB, finished)
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, peak_rss / MB, peak_pss / MB, finished)
 
 
 def alternate(commands: dict[str, dict], repeat: int) -> dict[str, dict]:
@@ -89,6 +91,7 @@ def alternate(commands: dict[str, dict], repeat: int) -> dict[str, dict]:
 def summarise(runs: list[Run]) -> dict:
     return {"wall_s": round(statistics.median(r.wall_s for r in runs), 3),
             "cpu_s": round(statistics.median(r.cpu_s for r in runs), 3),
+            "max_process_rss_mb": round(max(r.max_process_rss_mb for r in runs), 1),
             "peak_rss_mb": round(max(r.peak_rss_mb for r in runs), 1),
             "peak_pss_mb": round(max(r.peak_pss_mb for r in runs), 1),
             "finished": all(r.finished for r in runs),
