@@ -3,8 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
-APT_PACKAGES := tcpdump tshark libpcap-dev iproute2 ethtool procps bpfcc-tools python3-bpfcc linux-headers-amd64 \
-                gcc libc6-dev python3-dev
+# chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
+# gcc, libc6-dev, python3-dev: the decoders' C extensions
+APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
+	linux-headers-amd64 chromium gcc libc6-dev python3-dev
 # C sources pip builds into the package (pyproject.toml: ext-modules), each with a pure-Python fallback
 C_SOURCES := decoders/inputs/record_walk.c decoders/tcp_headers.c
 RUN_CAPTURE ?= pcaps/mxnet_sync
@@ -27,6 +29,7 @@ endef
 
 sys:
 	$(call apt_install,$(APT_PACKAGES))
+	@command -v chromium >/dev/null || { echo "chromium is missing after apt-get install chromium: the report's browser tests need it" >&2; exit 1; }
 
 $(VENV)/.installed: pyproject.toml $(C_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

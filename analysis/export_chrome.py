@@ -11,6 +11,7 @@
   receiver.
 - Worker iterations on a track "iterations" of each worker: the iteration (phase 1 + phase 3) with its
   phases nested in it (analysis.iterations), or an instant event where its end is unknown.
+- The collective libraries' operations and messages: a process per rank (analysis.export_chrome_collectives).
 Times are µs since the first message (`otherData.origin_unix_ns`), so float64 keeps nanoseconds.
 """
 from __future__ import annotations
@@ -22,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dlcsniff.analysis.export_chrome_collectives import CollectivePart, collective_part, shifted
 from dlcsniff.analysis.iterations import worker_iterations
 from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset
-from dlcsniff.analysis.operations import Trace, build_records, dlc_ranks, node_names
+from dlcsniff.analysis.operations import Trace, dlc_ranks, node_names, pslite_trace
 from dlcsniff.decoders.vantage import vantage_points
 from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
 
@@ -40,6 +42,7 @@ class ChromeTrace:
     flows: int
     iterations: int
     losses: dict[str, int] = field(default_factory=dict)
+    collective_operations: int = 0  # X events of collective operations (one per rank that saw one)
 
 
 def _us(ns: np.ndarray | pd.Series) -> np.ndarray:
@@ -94,14 +97,37 @@ def _flows(messages: pd.DataFrame, sightings: pd.DataFrame) -> pd.DataFrame:
     return sends.merge(recvs, on=key, suffixes=("_send", "_recv"))[["sighting_send", "sighting_recv"]]
 
 
-def chrome_trace(dataset: Dataset, trace: Trace) -> ChromeTrace:
-    """The job's trace events, with what they could not show."""
-    messages = dataset.messages
+def chrome_trace(dataset: Dataset | None, trace: Trace | None, collectives: CollectivePart | None = None,
+                 source: str = "") -> ChromeTrace:
+    """The job's trace events, with what they could not show: its ps-lite part (dataset and trace, None for
+    a job without ps-lite messages) and its collectives' (analysis.export_chrome_collectives)."""
+    messages = dataset.messages if dataset is not None else pd.DataFrame(columns=["sender_id", "recver_id"])
     named = messages["sender_id"].notna().to_numpy() & messages["recver_id"].notna().to_numpy()
     messages = messages[named].reset_index(drop=True)
-    if len(messages) == 0:
-        raise AnalysisError(f"{dataset.source}: no message with a known sender and receiver to show")
-    origin_ns = int(messages["ts_first_ns"].min())
+    if len(messages) == 0 and collectives is None:
+        raise AnalysisError(f"{source}: no ps-lite message with a known sender and receiver, and no collective "
+                            "operation or message, to show")
+    starts = ([int(messages["ts_first_ns"].min())] if len(messages) else []) + (
+        [collectives.origin_ns] if collectives is not None and collectives.origin_ns is not None else [])
+    origin_ns = min(starts)
+    other = {"source": source, "origin_unix_ns": origin_ns, "generator": "dlcsniff export --format chrome"}
+    events, losses, found = [], {}, {"message_events": 0, "flows": 0, "iterations": 0}
+    if len(messages):
+        events, losses, found = _pslite_events(messages, dataset, trace, origin_ns)
+        other["kvstore_mode"] = trace.mode
+        losses["messages_without_node"] = int((~named).sum())
+    if collectives is not None:
+        events += shifted(collectives, origin_ns, first_flow_id=found["flows"])
+        losses.update(collectives.losses)
+        found["message_events"] += collectives.message_events
+        found["flows"] += collectives.flows
+    return ChromeTrace(document={"traceEvents": events, "displayTimeUnit": "ns", "otherData": other},
+                       losses=losses, collective_operations=collectives.operations if collectives else 0, **found)
+
+
+def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origin_ns: int
+                   ) -> tuple[list[dict], dict, dict]:
+    """The ps-lite nodes' processes, message slices and flows, and the workers' iterations."""
     sightings = _sightings(messages, dataset.nodes)
 
     nodes = np.unique(np.concatenate([sightings["node_id"].to_numpy(), sightings["peer_id"].to_numpy()]))
@@ -157,12 +183,8 @@ def chrome_trace(dataset: Dataset, trace: Trace) -> ChromeTrace:
 
     iterations, iteration_events = _iteration_events(trace, origin_ns)
     events.extend(iteration_events)
-    other = {"source": dataset.source, "origin_unix_ns": origin_ns, "kvstore_mode": trace.mode,
-             "generator": "dlcsniff export --format chrome"}
-    losses = {"messages_without_node": int((~named).sum()),
-              "messages_seen_at_one_end": int(len(sightings) - 2 * len(flows))}
-    return ChromeTrace(document={"traceEvents": events, "displayTimeUnit": "ns", "otherData": other},
-                       message_events=len(sightings), flows=len(flows), iterations=iterations, losses=losses)
+    losses = {"messages_seen_at_one_end": int(len(sightings) - 2 * len(flows))}
+    return events, losses, {"message_events": len(sightings), "flows": len(flows), "iterations": iterations}
 
 
 def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, list[dict]]:
@@ -198,7 +220,9 @@ def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, list[dict]]:
 def write_chrome_trace(decode_dir: str | Path, path: str | Path) -> ChromeTrace:
     """`dlcsniff export --format chrome`: the job's Chrome trace event JSON in one file."""
     dataset = load_dataset(decode_dir)
-    found = chrome_trace(dataset, build_records(dataset))
+    trace = pslite_trace(dataset)
+    found = chrome_trace(dataset if trace is not None else None, trace, collective_part(decode_dir),
+                         source=str(decode_dir))
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

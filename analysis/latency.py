@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from dlcsniff.decoders.clocks import align
 from dlcsniff.analysis.load import load_job_view, read_columns
 from dlcsniff.decoders.timeline import JobView, connection_names
+from dlcsniff.decoders.vantage import capture_hosts
 from dlcsniff.analysis.describe import describe
 
 PART_COLUMNS = ("request_wire_ns", "request_transit_ns", "server_ns", "response_wire_ns", "response_transit_ns",
@@ -73,8 +74,11 @@ class JobStats:
     connections: pd.DataFrame
     key_updates: pd.DataFrame
     summary: dict
+    pslite: bool = True         # the job has ps-lite events: requests, in flight and key updates are its
 
     def tables(self) -> dict[str, pd.DataFrame]:
+        if not self.pslite:
+            return {"connections": self.connections}
         return {"requests": self.requests, "in_flight": self.in_flight, "connections": self.connections,
                 "key_updates": self.key_updates}
 
@@ -186,19 +190,6 @@ def in_flight_summary(in_flight: pd.DataFrame) -> pd.DataFrame:
                                                       first=("ts_ns", "min"), last=("ts_ns", "max"))
     per["mean_in_flight"] = per["weighted"] / (per["last"] - per["first"]).where(lambda span: span > 0)
     return per[["max_in_flight", "mean_in_flight"]].reset_index()
-
-
-def capture_hosts(streams: pd.DataFrame) -> pd.Series:
-    """capture → the one IP address every connection in it involves (its host), for captures where exactly
-    one address does (a capture of a single connection, or of a link between others, has none)."""
-    ends = pd.concat([streams[["capture", "src_ip", "flow_id"]].rename(columns={"src_ip": "ip"}),
-                      streams[["capture", "dst_ip", "flow_id"]].rename(columns={"dst_ip": "ip"})])
-    ends = ends.drop_duplicates()
-    per_ip = ends.groupby(["capture", "ip"]).size().rename("streams").reset_index()
-    per_capture = streams.groupby("capture").size()
-    everywhere = per_ip[per_ip["streams"].to_numpy() == per_capture.reindex(per_ip["capture"]).to_numpy()]
-    unique = everywhere.groupby("capture")["ip"].agg(["first", "size"])
-    return unique.loc[unique["size"] == 1, "first"]
 
 
 def connection_setup(streams: pd.DataFrame, zmtp: pd.DataFrame, clocks: pd.DataFrame) -> pd.DataFrame:
@@ -325,6 +316,10 @@ def job_statistics(decode_dir: str | Path) -> JobStats:
     """The merged view's statistics of a decode output (events and clocks as `load_job_view` gives them)."""
     decode_dir = Path(decode_dir)
     view = load_job_view(decode_dir)
+    # requests, key updates and sparse pushes are ps-lite's; the other protocols' events take part in the
+    # clocks and the losses only
+    view = JobView(events=view.events[(view.events["protocol"] == "pslite").to_numpy(bool)], clocks=view.clocks,
+                   losses=view.losses)
     requests = request_latency(view.events)
     in_flight = requests_in_flight(requests)
     streams = read_columns(decode_dir / "streams.parquet", STREAM_COLUMNS)
@@ -336,5 +331,9 @@ def job_statistics(decode_dir: str | Path) -> JobStats:
         pa.array(push["message_row"].to_numpy(np.int64)))
     keys = key_updates(lists.column("keys").combine_chunks(), lists.column("lens").combine_chunks(),
                        push["req_type"].to_numpy(object))
+    summary = job_summary(view, requests, in_flight, connections, keys)
+    pslite = len(view.events) > 0
+    if not pslite:
+        summary = {name: summary[name] for name in ("merge", "clocks", "connections")}
     return JobStats(requests=requests, in_flight=in_flight, connections=connections, key_updates=keys,
-                    summary=job_summary(view, requests, in_flight, connections, keys))
+                    summary=summary, pslite=pslite)

@@ -131,21 +131,26 @@ def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
     return CollectiveDataset(collectives=collectives, messages=messages, source=str(decode_dir), clocks=aligned)
 
 
+def decode_manifest(decode_dir: str | Path) -> dict | None:
+    """DIR/manifest.json (what was decoded, how, by which dlcsniff); None for an output older than it."""
+    try:
+        return read_manifest(Path(decode_dir))
+    except DecodeError as exc:
+        raise AnalysisError(str(exc)) from None
+
+
 def load_job_view(decode_dir: str | Path) -> JobView:
     """The job's timeline as `dlcsniff decode` wrote it (events.parquet, clocks.parquet, and the losses in
     manifest.json); recomputed from messages and streams for an output written before it had them."""
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    try:
-        manifest = read_manifest(decode_dir)
-    except DecodeError as exc:
-        raise AnalysisError(str(exc)) from None
+    manifest = decode_manifest(decode_dir)
     losses = (manifest or {}).get("job_view", {}).get("losses")
     events_path, clocks_path = decode_dir / "events.parquet", decode_dir / "clocks.parquet"
     if losses is not None and events_path.exists() and clocks_path.exists():
         return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=read_columns(clocks_path, CLOCK_COLUMNS),
                        losses=losses)
-    return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
+    return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
                     read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
                     read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))

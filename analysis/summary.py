@@ -156,8 +156,9 @@ def _mean(summary: dict, name: str, scale: float, unit: str) -> str:
     return "n/a" if found is None else f"{found['mean'] * scale:,.2f} {unit}"
 
 
-def headline(summary: dict) -> list[tuple[str, str]]:
-    """The paper's table (SketchDLC, Table 4 of the first version) for this job."""
+def job_rows(summary: dict) -> list[tuple[str, str]]:
+    """What the job is: its shape, iterations, message sizes and records (the report shows these beside its
+    own table of every statistic)."""
     messages = summary["messages"]
     per_iteration = summary["records"]["per_iteration_per_worker"]
     return [
@@ -166,6 +167,16 @@ def headline(summary: dict) -> list[tuple[str, str]]:
          or "none"),
         ("shortest / longest message", f"{human_bytes(messages['shortest_bytes'])} / "
                                        f"{human_bytes(messages['longest_bytes'])}"),
+        ("records per iteration per worker", "n/a" if per_iteration is None else
+         f"{per_iteration['mean']:.1f} ({summary['tensor_keys']} tensors)"),
+    ]
+
+
+def headline(summary: dict) -> list[tuple[str, str]]:
+    """The paper's table (SketchDLC, Table 4 of the first version) for this job."""
+    shape, iterations, sizes, records = job_rows(summary)
+    return [
+        shape, iterations, sizes,
         ("mean computation overhead", _mean(summary, "computation_s", 1e3, "ms")),
         ("mean communication overhead", _mean(summary, "communication_s", 1e3, "ms")),
         ("mean overlap ratio", _mean(summary, "overlap_ratio", 100, "%")),
@@ -173,6 +184,5 @@ def headline(summary: dict) -> list[tuple[str, str]]:
         ("mean update overhead", _mean(summary, "update_overhead_us", 1, "µs")),
         ("mean search overhead", _mean(summary, "search_overhead_us", 1, "µs")),
         ("mean synchronization overhead", _mean(summary, "sync_overhead_us", 1, "µs")),
-        ("records per iteration per worker", "n/a" if per_iteration is None else
-         f"{per_iteration['mean']:.1f} ({summary['tensor_keys']} tensors)"),
+        records,
     ]

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlcsniff.decoders.errors import CaptureError
-from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
+from dlcsniff.decoders.inputs.capture_file import Packet, first_last_ts_ns, open_capture
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_name
+from dlcsniff.decoders.inputs.selection import PacketSelection, PacketSelector
 from dlcsniff.decoders.packet import (Datagram, ParseStats, UnsupportedLinktype, check_linktype, ip_to_str,
                                       parse_packet)
 from dlcsniff.decoders.protocols import protocol_decoders
@@ -31,6 +32,8 @@ from dlcsniff.decoders.tcp_driver import BatchDecoder
 
 # Bytes of a TCP direction the decoders may look at before they must say whether it is theirs.
 PREFIX_BYTES = 64
+# Pieces of one capture further apart than this are reported (a rotation itself loses no time).
+GAP_WARN_NS = 1_000_000_000
 TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "first_ts_ns", "last_ts_ns", "packets",
                       "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
                       "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
@@ -66,6 +69,10 @@ class CaptureResult:
     parse_stats: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     bulk_packets: int = 0                      # TCP packets the batch decoder applied in bulk
+    files: list[dict] = field(default_factory=list)     # path, packets, first_ts_ns, last_ts_ns of each file read
+    packets_decoded: int = 0                   # the packets a selection (filter, time window) kept: all without one
+    first_ts_ns: int | None = None             # the capture's first and last packet (read, selected or not)
+    last_ts_ns: int | None = None
 
 
 def _column_length(columns: dict[str, list]) -> int:
@@ -201,7 +208,7 @@ class CaptureDecoder:
                         streams[name][i] = value
                 elif cls is ExtraStream:
                     extra_flow[ev.index] = next_flow
-                    append_row(streams, {**ev.values, "flow_id": next_flow})
+                    append_row(streams, {**self._named_by_flow(ev.values, extra_flow, None), "flow_id": next_flow})
                     next_flow += 1
                 elif cls is Count:
                     counts[ev.name] += ev.value
@@ -254,18 +261,21 @@ class CaptureDecoder:
 
 
 def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progress: ProgressFn | None = None,
-                   batched: bool = True, protocols: list | None = None) -> CaptureResult:
-    """Decode one capture (a file, or a daemon's rotated files in order) on its own (no job-wide resolution).
+                   batched: bool = True, protocols: list | None = None,
+                   selection: PacketSelection | None = None) -> CaptureResult:
+    """Decode one capture (a file, or the pieces of one in order) on its own (no job-wide resolution).
 
     batched=False decodes packet by packet (`tcp_driver.feed_packet` for each): the reference the batch
     decoder must match exactly, and several times slower. `protocols`: decoder instances to use instead of
-    one of each registered protocol (tests of one protocol)."""
+    one of each registered protocol (tests of one protocol). `selection`: only the packets it keeps (a pcap
+    filter, a time window) are decoded."""
     if not isinstance(capture, CaptureInput):
         capture = CaptureInput(capture_name(Path(capture)), (Path(capture),))
     path = capture.path
     dec = CaptureDecoder(flow_id_base, protocols)
     stats = ParseStats()
     batches = BatchDecoder(dec.tcp, dec, stats)
+    selector = PacketSelector(selection) if selection is not None else None
     reported = 0
     done_bytes = 0
 
@@ -275,18 +285,31 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
             progress(done_bytes + pos - reported)
             reported = done_bytes + pos
 
-    packets, bytes_read, warnings = 0, 0, []
-    for file in capture.files:
-        reported = done_bytes = bytes_read
-        with open_capture(file) as reader:
-            for n, item in enumerate(reader.batches() if batched else reader, 1):
-                batches.feed(item)          # a Packet goes the per-packet way
-                if batched or not n & 0x3FF:
-                    report(reader.bytes_read)
-            report(reader.total_bytes)
-            packets += reader.packets
-            bytes_read += reader.total_bytes
-            warnings += reader.warnings
+    packets, bytes_read, warnings, files = 0, 0, list(capture.notes), []
+    try:
+        for file in capture.files:
+            reported = done_bytes = bytes_read
+            first_ts_ns = last_ts_ns = None
+            with open_capture(file) as reader:
+                for n, item in enumerate(reader.batches() if batched else reader, 1):
+                    first, last_ts_ns = first_last_ts_ns(item)
+                    if first_ts_ns is None:
+                        first_ts_ns = first
+                    if selector is not None and (item := selector.select(item)) is None:
+                        continue
+                    batches.feed(item)          # a Packet goes the per-packet way
+                    if batched or not n & 0x3FF:
+                        report(reader.bytes_read)
+                report(reader.bytes_read)
+                packets += reader.packets
+                bytes_read += reader.bytes_read
+                warnings += reader.warnings
+                files.append({"path": str(file), "packets": reader.packets, "first_ts_ns": first_ts_ns,
+                              "last_ts_ns": last_ts_ns})
+    finally:
+        if selector is not None:
+            selector.close()
+    warnings += piece_warnings(capture.name, files)
     tables, counts = dec.finish()
     for linktype in sorted(batches.unsupported_linktypes):
         try:
@@ -295,9 +318,28 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
             if stats.unknown_linktype == packets:
                 raise CaptureError(f"{path}: {exc}") from None
             warnings.append(f"{path}: {stats.unknown_linktype} packets skipped: {exc}")
+    spans = [(f["first_ts_ns"], f["last_ts_ns"]) for f in files if f["first_ts_ns"] is not None]
     return CaptureResult(
         capture=capture.name, path=str(path), tables=tables, counts=counts, unclaimed_udp=dict(dec.unclaimed_udp),
         unclaimed_packets=dec.unclaimed_packets, packets=packets, bytes_read=bytes_read,
         non_tcp_packets=batches.non_tcp_packets, parse_stats=stats.as_dict(), warnings=warnings,
-        bulk_packets=batches.bulk_packets,
+        bulk_packets=batches.bulk_packets, files=files,
+        packets_decoded=packets if selector is None else selector.selected,
+        first_ts_ns=min((first for first, _ in spans), default=None),
+        last_ts_ns=max((last for _, last in spans), default=None),
     )
+
+
+def piece_warnings(capture: str, files: list[dict]) -> list[str]:
+    """A capture read from several files: where one file's packets end long before the next one's start
+    (more than GAP_WARN_NS: a piece missing?), or go on after they start (pieces overlapping)."""
+    warnings = []
+    spans = [f for f in files if f["first_ts_ns"] is not None]
+    for before, after in zip(spans, spans[1:]):
+        apart_ns = after["first_ts_ns"] - before["last_ts_ns"]
+        names = f"{Path(before['path']).name} and {Path(after['path']).name}"
+        if apart_ns > GAP_WARN_NS:
+            warnings.append(f"{capture}: no packets for {apart_ns / 1e9:.3f} s between {names} (a piece missing?)")
+        elif apart_ns < 0:
+            warnings.append(f"{capture}: {names} overlap by {-apart_ns / 1e3:.1f} µs")
+    return warnings

@@ -12,6 +12,7 @@ from typing import Callable
 
 from dlcsniff.decoders.capture_decoder import CaptureResult, decode_capture
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn
+from dlcsniff.decoders.inputs.selection import PacketSelection
 
 FORK_MIN_BYTES = 8 << 20        # below this, a worker process costs more than it saves
 _FRAME = struct.Struct("<I")    # worker -> parent: length-prefixed pickles ("progress", n) / ("result", r)
@@ -20,7 +21,7 @@ _FRAME = struct.Struct("<I")    # worker -> parent: length-prefixed pickles ("pr
 class _Worker:
     """One forked process decoding one capture; it writes its progress and result to a pipe."""
 
-    def __init__(self, capture: CaptureInput, flow_id_base: int):
+    def __init__(self, capture: CaptureInput, flow_id_base: int, selection: PacketSelection | None):
         self.path = path = capture.path
         read_fd, write_fd = os.pipe()
         self.pid = os.fork()
@@ -29,7 +30,7 @@ class _Worker:
             code = 0
             try:
                 with os.fdopen(write_fd, "wb") as out:
-                    self._run(out, capture, flow_id_base)
+                    self._run(out, capture, flow_id_base, selection)
             except BaseException:
                 code = 1
             finally:
@@ -40,7 +41,7 @@ class _Worker:
         self.outcome: tuple | None = None
 
     @staticmethod
-    def _run(out, capture: CaptureInput, flow_id_base: int) -> None:
+    def _run(out, capture: CaptureInput, flow_id_base: int, selection: PacketSelection | None) -> None:
         def send(message: tuple) -> None:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
             out.write(_FRAME.pack(len(data)) + data)
@@ -48,7 +49,8 @@ class _Worker:
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)     # the parent handles ^C, and kills us
         try:
-            result = decode_capture(capture, flow_id_base=flow_id_base, progress=lambda n: send(("progress", n)))
+            result = decode_capture(capture, flow_id_base=flow_id_base, progress=lambda n: send(("progress", n)),
+                                    selection=selection)
         except Exception as exc:
             try:
                 pickle.dumps(exc)
@@ -86,8 +88,11 @@ class _Worker:
         os.waitpid(self.pid, 0)
 
 
-def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], workers: int,
-                   progress_total: Callable[[int], ProgressFn] | None) -> list[CaptureResult]:
+def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], total: int | None, workers: int,
+                  progress_total: Callable[[int | None], ProgressFn] | None,
+                  selection: PacketSelection | None = None) -> list[CaptureResult]:
+    """Decode the captures (with their flow id bases), the largest (`sizes`) first; progress_total is
+    called with `total` (None: unknown, streams among the captures)."""
     pending = sorted(range(len(jobs)), key=lambda i: -sizes[i])       # the largest first
     running: dict[int, _Worker] = {}
     outcomes: dict[int, tuple] = {}
@@ -95,7 +100,7 @@ def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], worker
 
     def start_next() -> None:
         index = pending.pop(0)
-        worker = _Worker(*jobs[index])
+        worker = _Worker(*jobs[index], selection)
         running[index] = worker
         selector.register(worker.pipe, selectors.EVENT_READ, index)
 
@@ -103,7 +108,7 @@ def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], worker
         for _ in range(min(workers, len(pending))):
             start_next()
         # Forked first: the progress bar's thread and these imports happen while the workers decode.
-        progress = progress_total(sum(sizes)) if progress_total else None
+        progress = progress_total(total) if progress_total else None
         import pandas  # noqa: F401  (building the summary needs it: load it while waiting)
         from dlcsniff.decoders import schema  # noqa: F401
         while running:

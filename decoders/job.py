@@ -1,8 +1,11 @@
 """Captures of one job → the decode tables: each capture decoded on its own (decoders.capture_decoder, in
 forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (ps-lite nodes and
-tensors: decoders.pslite_job; processes from capture daemons: decoders.processes) and the summary."""
+tensors: decoders.pslite_job; NCCL collectives: decoders.nccl_collectives; processes from capture daemons:
+decoders.processes) and the summary."""
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import gc
 import os
 from dataclasses import dataclass
@@ -10,13 +13,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from dlcsniff.decoders.capture_decoder import CaptureResult, decode_capture
+from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.fork_pool import FORK_MIN_BYTES, decode_forked
-from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, expand_inputs
+from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_start, expand_inputs
+from dlcsniff.decoders.inputs.pcap_filter import PcapFilter
+from dlcsniff.decoders.inputs.selection import PacketSelection
+from dlcsniff.decoders.packet import LINKTYPE_ETHERNET
+from dlcsniff.decoders.protocols.roce import ROCE_V2_UDP_PORT
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
+# Captures of one job run together; groups of captures this far apart in time were not made of one job.
+FAR_APART_NS = 60 * 1_000_000_000
+_HOSTS_SHOWN = 4
 
 
 @dataclass
@@ -40,15 +51,25 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
     return out
 
 
+def _append_columns(first: dict[str, list], second: dict[str, list]) -> dict[str, list]:
+    """Rows of `second` after those of `first`; a column one of them lacks is null in its rows."""
+    n, m = (len(next(iter(cols.values()))) if cols else 0 for cols in (first, second))
+    return {name: first.get(name, [None] * n) + second.get(name, [None] * m) for name in first.keys() | second.keys()}
+
+
 def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
+    from dlcsniff.decoders.nccl_collectives import collective_columns
     from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, table_from_columns
+    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, STREAMS_SCHEMA, table_from_columns
 
     streams = _concat(results, "streams")
     messages = _concat(results, "messages")
-    for name in MESSAGES_SCHEMA.names:       # a capture with no ps-lite at all still has every column
-        messages.setdefault(name, [None] * len(messages["capture"]))
+    # a capture with no ps-lite at all (or no capture at all) still has every column
+    for table, schema in ((streams, STREAMS_SCHEMA), (messages, MESSAGES_SCHEMA)):
+        rows = len(table.get("capture", ()))
+        for name in schema.names:
+            table.setdefault(name, [None] * rows)
     nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
         "pslite_nodes", "pslite_announced", "pslite_routed")))
     tables = {
@@ -56,10 +77,12 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
         "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
         "messages": table_from_columns("messages", messages),
         "nodes": table_from_columns("nodes", nodes),
-        "collectives": table_from_columns("collectives", _concat(results, "collectives")),
+        "collectives": table_from_columns("collectives", _append_columns(_concat(results, "collectives"),
+                                                                         collective_columns(messages, streams))),
     }
     summary = _summary(results, tables)
     summary["unattributed_messages"] = unattributed
+    summary["warnings"] += two_jobs_evidence(results, tables["streams"])
     return DecodedJob(tables=tables, summary=summary)
 
 
@@ -80,13 +103,17 @@ def _unclaimed(results: list[CaptureResult], tcp) -> dict:
     for result in results:
         for port, n in result.unclaimed_udp.items():
             udp[port] = udp.get(port, 0) + n
+        # RoCE packets none of whose stream's packets passed the ICRC check (decoders.protocols.roce)
+        unproven = result.counts.get("roce_v2_datagrams_unproven", 0)
+        if unproven:
+            udp[ROCE_V2_UDP_PORT] = udp.get(ROCE_V2_UDP_PORT, 0) + unproven
     return {
         "tcp_connections": int(len(connections)),
         "tcp_bytes": int(plain["bytes"].sum()),
         "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
         "udp_datagrams": sum(udp.values()),
         "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
-        "other_packets": sum(r.unclaimed_packets for r in results),
+        "other_packets": sum(r.unclaimed_packets + r.counts.get("roce_v1_packets_unproven", 0) for r in results),
     }
 
 
@@ -100,12 +127,14 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
     return {
         "captures": [
-            {"capture": r.capture, "path": r.path, "packets": r.packets, "non_tcp_packets": r.non_tcp_packets,
-             "warnings": r.warnings, "parse": r.parse_stats,
+            {"capture": r.capture, "path": r.path, "packets": r.packets, "packets_decoded": r.packets_decoded,
+             "non_tcp_packets": r.non_tcp_packets, "first_ts_ns": r.first_ts_ns, "last_ts_ns": r.last_ts_ns,
+             "files": r.files, "warnings": r.warnings, "parse": r.parse_stats,
              "undecoded_messages": r.counts.get("undecoded_messages", 0)}
             for r in results
         ],
         "packets": sum(r.packets for r in results),
+        "packets_decoded": sum(r.packets_decoded for r in results),
         "flows_by_protocol": streams.groupby("protocol").size().to_dict() if len(streams) else {},
         "tcp_bytes": int(tcp["bytes"].sum()),
         "missing_bytes": int(tcp["missing_bytes"].sum()),
@@ -135,31 +164,111 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
     }
 
 
-def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int], ProgressFn] | None = None,
-                 workers: int | None = None) -> DecodedJob:
-    """Decode captures (files or directories of them) of one job into one dataset.
+def prepare_inputs(inputs: Iterable[Path], selection: PacketSelection | None = None
+                   ) -> tuple[list[CaptureInput], PacketSelection | None]:
+    """The captures the inputs name (decoders.inputs.capture_set), and the selection made ready for them
+    before any decoding: its filter compiled for their link types (a bad one is a CaptureError here), its
+    relative window bounds counted from the earliest first packet of all of them."""
+    captures = expand_inputs(inputs)
+    if selection is None:
+        return captures, None
+    needs_start = selection.filter is not None or selection.relative
+    starts = [capture_start(capture) for capture in captures if needs_start and not capture.stream]
+    if selection.filter is not None:
+        check = PcapFilter(selection.filter)
+        try:
+            for linktype in sorted({lt for linktypes, _ in starts for lt in linktypes} or {LINKTYPE_ETHERNET}):
+                check.program(linktype)
+        finally:
+            check.close()
+    if selection.relative and starts:
+        if len(starts) < len(captures):
+            raise CaptureError("a window relative to the capture start (+N) cannot be placed with a stream "
+                               "among other inputs: give absolute times (epoch seconds or ISO)")
+        firsts = [first for _, first in starts if first is not None]
+        selection = dataclasses.replace(selection, origin_ns=min(firsts, default=None))
+    return captures, selection
+
+
+def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None], ProgressFn] | None = None,
+                 workers: int | None = None, selection: PacketSelection | None = None) -> DecodedJob:
+    """Decode captures (files or directories of them, streams) of one job into one dataset; `selection`: only
+    the packets it keeps (a pcap filter, a time window).
 
     Captures are decoded in `workers` forked processes (default: one per core, when the input is large
     enough for it to pay; 0: in this process), while this one loads what building the tables needs."""
-    paths = expand_inputs(inputs)
+    paths, selection = prepare_inputs(inputs, selection)
     sizes = [capture.size_bytes for capture in paths]
+    known = sum(size for size in sizes if size is not None)
+    total = known if None not in sizes else None        # a stream: progress without a total
     if not hasattr(os, "fork"):
         workers = 0
     elif workers is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = min(len(paths), cores) if sum(sizes) >= FORK_MIN_BYTES else 0
+        workers = min(len(paths), cores) if total is None or total >= FORK_MIN_BYTES else 0
     jobs = [(capture, index << FLOW_ID_CAPTURE_SHIFT) for index, capture in enumerate(paths)]
     if workers <= 0:
-        progress = progress_total(sum(sizes)) if progress_total else None
+        progress = progress_total(total) if progress_total else None
         results = []
         for path, base in jobs:
-            results.append(decode_capture(path, flow_id_base=base, progress=progress))
+            results.append(decode_capture(path, flow_id_base=base, progress=progress, selection=selection))
             # A capture's decoders leave reference cycles holding read buffers (tens of MB on a large capture):
             # collected now, they add neither to the next capture's memory nor to the tables' (pyarrow, pandas).
             gc.collect()
     else:
-        results = decode_forked(jobs, sizes, workers, progress_total)
-    return with_processes(build_dataset(results), paths)
+        results = decode_forked(jobs, [size or 0 for size in sizes], total, workers, progress_total, selection)
+    return with_selection(with_processes(build_dataset(results), paths), selection)
+
+
+def with_selection(dataset: DecodedJob, selection: PacketSelection | None) -> DecodedJob:
+    """The summary says which packets were decoded."""
+    dataset.summary["selection"] = None if selection is None else selection.summary()
+    return dataset
+
+
+def _utc(ts_ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ts_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _hosts(hosts: set[str]) -> str:
+    shown = sorted(hosts)[:_HOSTS_SHOWN]
+    return ", ".join(shown) + (f" and {len(hosts) - len(shown)} more" if len(hosts) > len(shown) else "")
+
+
+def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> list[str]:
+    """Warnings when the captures look like the captures of more than one job: groups of captures whose
+    hosts never talk to a host of another group (the hosts of the flows a deep-learning protocol claimed,
+    or of all flows when none was), or groups far apart in time (FAR_APART_NS)."""
+    warnings = []
+    frame = streams.select(["capture", "src_ip", "dst_ip", "protocol"]).to_pandas()
+    if (frame["protocol"] != "tcp").any():
+        frame = frame[frame["protocol"] != "tcp"]
+    hosts = {capture: set(group["src_ip"].dropna()) | set(group["dst_ip"].dropna())
+             for capture, group in frame.groupby("capture", observed=True)}
+    hosts = {capture: found for capture, found in hosts.items() if found}
+    groups: list[tuple[list[str], set[str]]] = []        # captures joined by a host in common
+    for capture in [r.capture for r in results if r.capture in hosts]:
+        joined = [g for g in groups if g[1] & hosts[capture]]
+        merged = ([capture] + [c for g in joined for c in g[0]], hosts[capture].union(*(g[1] for g in joined)))
+        groups = [g for g in groups if g not in joined] + [merged]
+    if len(groups) > 1:
+        warnings.append(f"the inputs look like {len(groups)} jobs: no host in common between " + "; ".join(
+            f"captures {', '.join(sorted(captures))} (hosts {_hosts(found)})" for captures, found in groups))
+    spans = sorted((r.first_ts_ns, r.last_ts_ns, r.capture) for r in results if r.first_ts_ns is not None)
+    clusters: list[list] = []
+    for first, last, capture in spans:
+        if clusters and first <= clusters[-1][1] + FAR_APART_NS:
+            clusters[-1][1] = max(clusters[-1][1], last)
+            clusters[-1][2].append(capture)
+        else:
+            clusters.append([first, last, [capture]])
+    if len(clusters) > 1:
+        apart = min(b[0] - a[1] for a, b in zip(clusters, clusters[1:]))
+        warnings.append(f"the inputs look like {len(clusters)} jobs: their captures were made at times "
+                        f"{apart / 1e9:,.0f} s or more apart: " + "; ".join(
+                            f"captures {', '.join(sorted(captures))} from {_utc(first)} to {_utc(last)}"
+                            for first, last, captures in clusters))
+    return warnings
 
 
 def with_processes(dataset: DecodedJob, captures: list[CaptureInput]) -> DecodedJob:

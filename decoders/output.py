@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dlcsniff.decoders.output_dir import METADATA_KEY, OutputError, manifest, write_manifest
@@ -36,9 +35,7 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: list[dict
     decoders.output_dir.claim_output_dir), with its manifest; `inputs`: the captures' files with their size and
     sha256 (decoders.output_dir.InputDigests). Returns the job view's summary (`job_view_summary`)."""
     out_dir = Path(out_dir)
-    messages = dataset.tables["messages"]
-    pslite = messages.filter(pc.equal(messages.column("protocol"), "pslite"))
-    view = job_view(pslite.select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
+    view = job_view(dataset.tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
                     dataset.tables["streams"].select(list(STREAM_READ_COLUMNS)).to_pandas(),
                     dataset.tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
     summary = job_view_summary(view)

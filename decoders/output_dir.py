@@ -110,16 +110,21 @@ class InputDigests:
         return out
 
 
+def dlcsniff_version() -> str:
+    """The installed dlcsniff's version (dlcsniff.__version__ is the same; read here without importing the
+    package root, which every layer sits under)."""
+    from importlib.metadata import version
+    return version("dlcsniff")
+
+
 def manifest(kind: str, *, inputs: list[dict], files: dict[str, dict], command: Sequence[str] | None = None,
              **extra) -> dict:
     """A manifest of one output directory: `kind` (decode, stats, dlc, chakra), the inputs (path, size,
     sha256), the files written (name -> {"rows": n} or {"bytes": n}), and what else the kind records."""
-    from dlcsniff import __version__
-
     command = list(sys.argv if command is None else command)
     if command and Path(command[0]).name == "dlcsniff":
         command[0] = "dlcsniff"                  # the command as a user types it, wherever it was installed
-    return {"format": MANIFEST_FORMAT, "kind": kind, "dlcsniff": __version__, "command": command,
+    return {"format": MANIFEST_FORMAT, "kind": kind, "dlcsniff": dlcsniff_version(), "command": command,
             "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "inputs": inputs, "files": files, **extra}
 

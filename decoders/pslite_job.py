@@ -192,7 +192,7 @@ def _attribute_responses(messages: dict[str, list]) -> None:
 
 def _mark_router_sides(streams: dict[str, list], endpoints: dict) -> None:
     """The ROUTER side of a ps-lite connection (greeting and READY only) belongs to ps-lite too."""
-    for i, reverse in enumerate(streams["reverse_flow_id"]):
+    for i, reverse in enumerate(streams.get("reverse_flow_id", ())):      # none: a capture without TCP
         if reverse in endpoints and streams["protocol"][i] == "zmtp":
             streams["protocol"][i] = "pslite"
             streams["node_id"][i] = endpoints[reverse][1]

@@ -151,6 +151,9 @@ MESSAGES_SCHEMA = pa.schema([
     ("value_bytes", _i64),
     ("response_bytes", _i64),
     ("store_number", _i64),
+    # torchelastic's rendezvous in the store (also src_rank = the node's base global rank and world_size,
+    # from assigned_ranks/<node>): processes on the node, from role_info/<node>
+    ("local_world_size", pa.int32()),
     # RoCE (protocol "roce") and NCCL
     ("rdma_op", pa.string()),
     ("dest_qp", _i64),
@@ -169,11 +172,13 @@ MESSAGES_SCHEMA = pa.schema([
     ("nccl_bytes", _i64),
     ("nccl_sizes", _list_i64),
     ("nccl_addrs", pa.list_(pa.uint64())),
+    ("head_crc32", _i64),               # NCCL data: CRC-32 of the first 64 payload bytes, when captured (did a
+    #                                     rank forward what it received, or reduce it?)
     # NCCL socket transport
     ("nccl_seq", _i64),
     ("nccl_inline", pa.bool_()),
     ("nccl_tasks", pa.int32()),
-    ("nccl_proto", pa.string()),
+    ("nccl_proto", pa.string()),        # LL / LL128 / Simple from the first payload bytes (RoCE data writes too)
 ])
 
 COLLECTIVES_SCHEMA = pa.schema([
@@ -196,7 +201,17 @@ COLLECTIVES_SCHEMA = pa.schema([
     ("payload_bytes_received", _i64),
     ("messages", _i64),
     ("complete", pa.bool_()),
-    ("local_address", pa.string()),     # NCCL: the node (IP address) whose traffic was segmented
+    ("local_address", pa.string()),     # NCCL: the host (IP address) whose operation the row is
+    # NCCL (decoders.nccl_collectives): operations cut by NCCL's step structure. kind all_reduce,
+    # all_gather, reduce_scatter, broadcast, reduce, send, recv, or what the wire cannot decide
+    # (all_gather_or_reduce_scatter, broadcast_or_reduce) or unknown (sends that fit no schedule);
+    # algorithm ring / tree / p2p; local_rank from the CTS tags, the TCPStore or the ring chunk schedule;
+    # seq: the operation's place among the host's collectives (send/recv: among those on one connection)
+    ("channel", pa.int32()),            # the first channel it ran on (channels numbered by set-up order)
+    ("channels", pa.int32()),           # how many channels carried it
+    ("root_rank", pa.int32()),          # broadcast / reduce: the root, when a capture of the job shows it
+    ("evidence", pa.string()),          # JSON: the ring / tree seen, loops, per connection FIFO idx range,
+    #                                     sends, zero-byte sends, offered sizes; where rank and world size came from
 ])
 
 NODES_SCHEMA = pa.schema([

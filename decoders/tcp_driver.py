@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from dlcsniff.decoders.compiled import compiled_module
-from dlcsniff.decoders.inputs.capture_file import EPB_HEADER_BYTES, NS_PER_S, PCAP_RECORD_HEADER_BYTES, Packet, PcapRecords, RecordBatch
+from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, struct_rows
 from dlcsniff.decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, RST,
                              SUPPORTED_LINKTYPES, SYN, ParseStats, Segment, parse_packet)
@@ -53,10 +53,6 @@ _IPV6_HEADER = np.dtype([("version", "u1"), ("flow", "V3"), ("payload_len", ">u2
                          ("dst_lo", ">u8")])
 _TCP_HEADER = np.dtype([("sport", ">u2"), ("dport", ">u2"), ("seq", ">u4"), ("ack", ">u4"),
                         ("data_offset", "u1"), ("flags", "u1")])
-_PCAP_RECORD = {e: np.dtype([("ts_s", e + "u4"), ("ts_frac", e + "u4"), ("caplen", e + "u4"),
-                             ("orig_len", e + "u4")]) for e in "<>"}
-_EPB_FIELDS = {e: np.dtype([("if_id", e + "u4"), ("ts_high", e + "u4"), ("ts_low", e + "u4"),
-                            ("caplen", e + "u4"), ("orig_len", e + "u4")]) for e in "<>"}
 _ETHERTYPE_IPV4 = 0x0800
 _ETHERTYPE_IPV6 = 0x86DD
 _IPPROTO_TCP = 6
@@ -118,13 +114,13 @@ class BatchDecoder:
         if self._per_packet_batches:
             self._per_packet_batches -= 1
         else:
-            columns = _record_columns(item)
+            columns = item.columns()
         if columns is None:
             for packet in item.packets():
                 self._feed_packet(packet.linktype, packet.data, packet.ts_ns)
             return
         bulk_before = self.bulk_packets
-        _Batch(self, item.buf, *columns).run()
+        _Batch(self, item.buf, columns.data_start, columns.caplen, columns.ts_ns, columns.linktype).run()
         # Where most packets need the per-packet path anyway (heavy reordering or loss), the bookkeeping
         # of the bulk path costs more than it saves: decode the next batches packet by packet, then retry.
         if self.bulk_packets - bulk_before < _MIN_BULK_SHARE * len(item):
@@ -148,43 +144,8 @@ class BatchDecoder:
 
 # -- record headers ----------------------------------------------------------------------------------------
 
-def _rows(u8: np.ndarray, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The `dtype`-sized structure at each start offset (starts past the end read the last bytes)."""
-    width = dtype.itemsize
-    if len(u8) < width:
-        u8 = np.concatenate([u8, np.zeros(width - len(u8), dtype=np.uint8)])
-    windows = np.lib.stride_tricks.sliding_window_view(u8, width)
-    return windows[np.minimum(starts, len(u8) - width)].view(dtype)[:, 0]
-
-
 def _byte(u8: np.ndarray, at: np.ndarray) -> np.ndarray:
     return u8[np.minimum(at, len(u8) - 1)].astype(np.int64)
-
-
-def _record_columns(batch: RecordBatch):
-    """(data start, captured length, ts_ns, link type (an int, or an array per packet)), or None when the
-    timestamps need more than int64 arithmetic."""
-    u8 = np.frombuffer(batch.buf, dtype=np.uint8)
-    offsets = np.frombuffer(batch.offsets, dtype=np.int64)
-    layout = batch.layout
-    if layout.__class__ is PcapRecords:
-        rec = _rows(u8, offsets, _PCAP_RECORD[layout.endian])
-        ts_ns = rec["ts_s"].astype(np.int64) * NS_PER_S + rec["ts_frac"].astype(np.int64) * layout.frac_ns
-        return offsets + PCAP_RECORD_HEADER_BYTES, rec["caplen"].astype(np.int64), ts_ns, layout.linktype
-    interfaces = layout.interfaces
-    muls = [i.timebase.mul for i in interfaces]
-    offsets_ns = [i.timebase.offset_ns for i in interfaces]
-    rec = _rows(u8, offsets + 8, _EPB_FIELDS[layout.endian])
-    units = (rec["ts_high"].astype(np.uint64) << np.uint64(32)) | rec["ts_low"].astype(np.uint64)
-    if (any(i.timebase.div != 1 for i in interfaces) or max(map(abs, offsets_ns)) >= 1 << 62
-            or int(units.max()) * max(muls) >= 1 << 62):
-        return None
-    if_id = rec["if_id"].astype(np.int64)
-    ts_ns = (units.astype(np.int64) * np.array(muls, dtype=np.int64)[if_id]
-             + np.array(offsets_ns, dtype=np.int64)[if_id])
-    linktypes = [i.linktype for i in interfaces]
-    linktype = linktypes[0] if len(set(linktypes)) == 1 else np.array(linktypes, dtype=np.int64)[if_id]
-    return offsets + EPB_HEADER_BYTES, rec["caplen"].astype(np.int64), ts_ns, linktype
 
 
 def _link(u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype: int) -> tuple[np.ndarray, int]:
@@ -253,7 +214,7 @@ class _Headers:
         # TCP (RFC 9293): the header must be whole in the capture and within the IP payload.
         readable = caplen[idx] >= tcp_at + 14
         idx, tcp_at, ip_payload, key = idx[readable], tcp_at[readable], ip_payload[readable], key[readable]
-        tcp = _rows(u8, start[idx] + tcp_at, _TCP_HEADER)
+        tcp = struct_rows(u8, start[idx] + tcp_at, _TCP_HEADER)
         header_len = (tcp["data_offset"].astype(np.int64) >> 4) * 4
         captured_end = np.minimum(tcp_at + ip_payload, caplen[idx])
         ok = (header_len >= 20) & (header_len <= ip_payload) & (tcp_at + header_len <= captured_end)
@@ -271,7 +232,7 @@ class _Headers:
 
     @staticmethod
     def _ipv4(u8, start, ip_at, idx):
-        ip = _rows(u8, start[idx] + ip_at[idx], _IPV4_HEADER)
+        ip = struct_rows(u8, start[idx] + ip_at[idx], _IPV4_HEADER)
         version_ihl = ip["version_ihl"].astype(np.int64)
         header_len = (version_ihl & 0x0F) * 4
         total_len = ip["total_len"].astype(np.int64)
@@ -287,7 +248,7 @@ class _Headers:
 
     @staticmethod
     def _ipv6(u8, start, ip_at, idx):
-        ip = _rows(u8, start[idx] + ip_at[idx], _IPV6_HEADER)
+        ip = struct_rows(u8, start[idx] + ip_at[idx], _IPV6_HEADER)
         payload_len = ip["payload_len"].astype(np.int64)
         # Extension headers, jumbograms: parse_packet's business.
         ok = (ip["version"] >> 4 == 6) & (payload_len > 0) & (ip["next_header"] == _IPPROTO_TCP)

@@ -3,18 +3,23 @@
 `dlcsniff decode` of several captures of one job lists a message once per capture that saw it: at its
 sender's and at its receiver's. Here the observations of one message become one event:
 
-- Observations are the same message when they travel on the same TCP connection (its address 4-tuple is the
-  same at both ends) with the same ps-lite identity (request/push/pull/simple_app flags, timestamp, app,
-  customer, control command, head), and are the n-th such message on it in each capture.
-- An observation is the send side when its capture is the sender's own capture (see
-  `decoders.vantage.vantage_points`: the capture of the host it runs on), the receive side when it is the
-  receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
-  Should a side be seen twice, its first sighting counts.
-- Clocks (analysis.clocks) are estimated from the events seen at both ends: the first byte of every such
-  message, and its last byte when both ends saw it whole.
+- Observations are the same message when they travel on the same connection (its address 4-tuple is the
+  same at both ends) with the same identity (its protocol; for ps-lite the request/push/pull/simple_app
+  flags, timestamp, app, customer, control command and head; for Gloo the opcode; for TCPStore the query),
+  and are the n-th such message on it in each capture. Every protocol's messages take part: ps-lite's, the
+  collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
+- An observation is the send side when its capture is the sender's own capture, the receive side when it is
+  the receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
+  A ps-lite node's own capture is the capture of the host it runs on (`decoders.vantage.vantage_points`);
+  for other protocols the decoder's `outgoing` says, where it knows, and otherwise the capture's host
+  address (`decoders.vantage.capture_hosts`) against the connection's ends. Should a side be seen twice, its
+  first sighting counts.
+- Clocks (decoders.clocks) are estimated from the events seen at both ends: the first byte of every such
+  message, and its last byte when both ends saw it whole. The reference is the ps-lite scheduler's own
+  capture, else the capture rank 0 sends from, else the first capture by name.
 
 events.parquet (EVENT_COLUMNS), one row per message of the job:
-- its fields, from an observation that saw it whole if there is one (a capture hole may have cut it short in
+- its protocol and fields, from an observation that saw it whole if there is one (a capture hole may have cut it short in
   one capture and not in its peer's), and of those from the send side's, else the receive side's, else an
   observer's (message_row: that observation's row in messages.parquet); `complete`: every capture that saw
   it saw it whole;
@@ -33,13 +38,16 @@ import pandas as pd
 
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
 from dlcsniff.decoders.protocols.pslite import SCHEDULER_ID
-from dlcsniff.decoders.vantage import vantage_points
+from dlcsniff.decoders.vantage import capture_hosts, vantage_points
 
-IDENTITY = ("request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id", "control_cmd", "head")
-ATTRIBUTES = ("sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull", "simple_app",
-              "ps_timestamp", "head", "app_id", "customer_id", "control_cmd", "size_bytes", "tensor_key",
-              "server_rank", "req_type", "dtype", "rows", "simple_app_cmd", "barrier_group", "flavor", "complete")
-MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns") + ATTRIBUTES
+IDENTITY = ("protocol", "request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id",
+            "control_cmd", "head", "opcode", "store_query")
+ATTRIBUTES = ("protocol", "sender_id", "recver_id", "sender_role", "recver_role", "request", "push", "pull",
+              "simple_app", "ps_timestamp", "head", "app_id", "customer_id", "control_cmd", "size_bytes",
+              "tensor_key", "server_rank", "req_type", "dtype", "rows", "simple_app_cmd", "barrier_group", "flavor",
+              "complete", "pg", "collective", "seq", "opcode", "store_query", "src_rank", "dst_rank",
+              "payload_bytes")
+MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing") + ATTRIBUTES
 STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port")
 NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
@@ -70,7 +78,9 @@ def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFr
     nodes share a host, see decoders.vantage)."""
     names = pd.DataFrame({"capture": streams["capture"].astype(str).to_numpy(),
                           "flow_id": streams["flow_id"].to_numpy(np.int64),
-                          "connection": connection_names(streams).to_numpy()})
+                          "connection": connection_names(streams).to_numpy(),
+                          "src_ip": streams["src_ip"].astype(object).to_numpy(),
+                          "dst_ip": streams["dst_ip"].astype(object).to_numpy()})
     obs = messages.assign(capture=messages["capture"].astype(str), message_row=np.arange(len(messages))).merge(
         names, on=["capture", "flow_id"], how="left")
     # a stream the streams table does not list is its own connection (never merged with another capture's)
@@ -82,12 +92,20 @@ def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFr
     obs["occurrence"] = obs.groupby(["capture", *identity], dropna=False, sort=False).cumcount()
     # numbered in key order, not time order: the same message gets the same id whatever the clocks say
     obs["event_id"] = obs.groupby([*identity, "occurrence"], dropna=False, sort=True).ngroup().astype(np.int64)
-    own = vantage_points(messages, nodes)
+    pslite = (obs["protocol"] == "pslite").to_numpy(bool)
+    own = vantage_points(messages[(messages["protocol"] == "pslite").to_numpy(bool)], nodes)
     own = own[own["own"]]
     own_keys = pd.MultiIndex.from_arrays([own["node_id"].to_numpy(np.int64), own["capture"].to_numpy(object)])
-    for side, node in (("send", "sender_id"), ("recv", "recver_id")):
+    # other protocols: the decoder's word where it has one, else the capture's host address
+    host = obs["capture"].map(capture_hosts(streams)).to_numpy(object)
+    outgoing = obs["outgoing"].astype("boolean")
+    known = outgoing.notna().to_numpy(bool)
+    outgoing = outgoing.fillna(False).to_numpy(bool)
+    for side, node, address in (("send", "sender_id", "src_ip"), ("recv", "recver_id", "dst_ip")):
         keys = pd.MultiIndex.from_arrays([obs[node].fillna(-1).to_numpy(np.int64), obs["capture"].to_numpy(object)])
-        obs[f"{side}_side"] = keys.isin(own_keys)
+        by_address = obs[address].to_numpy(object) == host
+        by_decoder = outgoing if side == "send" else ~outgoing
+        obs[f"{side}_side"] = np.where(pslite, keys.isin(own_keys), np.where(known, by_decoder, by_address))
     return obs
 
 
@@ -106,17 +124,23 @@ def delay_samples(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _reference_capture(obs: pd.DataFrame, captures: list[str]) -> str:
-    """The scheduler's own capture if there is one, else the first capture by name."""
-    scheduler = obs.loc[obs["send_side"] & (obs["sender_id"] == SCHEDULER_ID), "capture"]
-    return str(scheduler.iloc[0]) if len(scheduler) else captures[0]
+    """The scheduler's own capture if there is one, else the one rank 0 sends from, else the first by name."""
+    sent = obs[obs["send_side"].to_numpy(bool)]
+    for chosen in (sent.loc[(sent["protocol"] == "pslite") & (sent["sender_id"] == SCHEDULER_ID), "capture"],
+                   sent.loc[sent["src_rank"] == 0, "capture"].sort_values()):
+        if len(chosen):
+            return str(chosen.iloc[0])
+    return captures[0]
 
 
 def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> JobView:
     """Merge the captures' observations into events, estimate the clocks, align (see the module doc): the
-    ps-lite messages (MESSAGE_READ_COLUMNS), streams (STREAM_READ_COLUMNS) and nodes (NODE_READ_COLUMNS) of
+    messages (MESSAGE_READ_COLUMNS), streams (STREAM_READ_COLUMNS) and nodes (NODE_READ_COLUMNS) of
     the decode tables. Events come in time order (aligned ts_first_ns); event_id depends only on what the
     messages are."""
-    if len(messages) == 0:     # e.g. captures of other protocols: nothing to merge, nothing to align
+    # a column the caller does not have (a protocol's, in an older output) is missing everywhere
+    messages = messages.assign(**{name: pd.NA for name in MESSAGE_READ_COLUMNS if name not in messages})
+    if len(messages) == 0:     # e.g. captures of no protocol dlcsniff decodes: nothing to merge, nothing to align
         return JobView(events=pd.DataFrame(columns=list(EVENT_COLUMNS)),
                        clocks=pd.DataFrame(columns=list(CLOCK_COLUMNS)), losses={"observations": 0, "events": 0})
     obs = observations(messages, streams, nodes)
@@ -156,7 +180,7 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     events["ts_last_ns"] = events["recv_last_aligned_ns"].fillna(events["send_last_aligned_ns"]).fillna(
         pd.Series(seen_last))
     events["transit_ns"] = events["recv_last_aligned_ns"] - events["send_last_aligned_ns"]
-    for column in ("send_capture", "recv_capture", "observer_capture", "connection"):
+    for column in ("send_capture", "recv_capture", "observer_capture", "connection", "protocol"):
         events[column] = events[column].astype("category")
     losses = {
         "observations": int(len(obs)),

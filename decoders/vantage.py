@@ -1,5 +1,6 @@
 """Which capture shows which ps-lite node's messages: a node's own capture (taken on the host it runs on, where it
-is party to every message it sends or receives) or, failing one, its peers'. The timeline (decoders.timeline)
+is party to every message it sends or receives) or, failing one, its peers'; and which host a capture was
+taken on, by address. The timeline (decoders.timeline)
 and the DLC records (analysis.operations) read a node's sends and receipts where it saw them itself."""
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ def vantage_points(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"node_id": chosen["node_id"].astype(np.int64).to_numpy(),
                          "capture": chosen["capture"].astype(str).to_numpy(),
                          "own": chosen["own"].to_numpy(bool)})
+
+
+def capture_hosts(streams: pd.DataFrame) -> pd.Series:
+    """capture → the one IP address every connection in it involves (its host), for captures where exactly
+    one address does (a capture of a single connection, or of a link between others, has none)."""
+    ends = pd.concat([streams[["capture", "src_ip", "flow_id"]].rename(columns={"src_ip": "ip"}),
+                      streams[["capture", "dst_ip", "flow_id"]].rename(columns={"dst_ip": "ip"})])
+    ends = ends.drop_duplicates()
+    per_ip = ends.groupby(["capture", "ip"]).size().rename("streams").reset_index()
+    per_capture = streams.groupby("capture").size()
+    everywhere = per_ip[per_ip["streams"].to_numpy() == per_capture.reindex(per_ip["capture"]).to_numpy()]
+    unique = everywhere.groupby("capture")["ip"].agg(["first", "size"])
+    return unique.loc[unique["size"] == 1, "first"]

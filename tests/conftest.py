@@ -45,16 +45,15 @@ def pcaps_dir() -> Path:
 @pytest.fixture(scope="session")
 def decoded_job(tmp_path_factory) -> Callable[[str], Path]:
     """A bundled job's name → its decode output, decoded once per session exactly as `dlcsniff decode` does
-    (decoders.output.write_decode_output: tables, events, clocks, manifest). Tests must not write into it."""
-    from dlcsniff.decoders.job import decode_paths
-    from dlcsniff.decoders.output import write_decode_output
+    (decoders.decode_run.decode_to_dir: tables, events, clocks, manifest). Tests must not write into it."""
+    from dlcsniff.decoders.decode_run import decode_to_dir
 
     outputs: dict[str, Path] = {}
 
     def decoded(name: str) -> Path:
         if name not in outputs:
             out = tmp_path_factory.mktemp(f"decoded-{name}")
-            write_decode_output(decode_paths([PCAPS / name]), out)
+            decode_to_dir([PCAPS / name], out)
             outputs[name] = out
         return outputs[name]
     return decoded

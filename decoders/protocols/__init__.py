@@ -46,10 +46,12 @@ REGISTRY: tuple[ProtocolEntry, ...] = (
                   "a TCPStore request, a Gloo connect sequence number followed by a preamble, or preambles "
                   "between listeners the rendezvous named"),
     ProtocolEntry("nccl_socket", "nccl_socket", "NcclSocketCaptureDecoder",
-                  "NCCL's socket handshake magic and type, or the legacy rank/size exchange"),
+                  "NCCL's socket handshake: NCCL_SOCKET_MAGIC and type for net sockets, a communicator magic "
+                  "opening two bootstrap connections or more; before 2.16 the socket index and whole size-framed "
+                  "messages; every connection one-way (kept at the end only when the capture bears it out)"),
     ProtocolEntry("roce", "roce", "RoceCaptureDecoder",
                   "RoCEv2 (UDP 4791) / RoCEv1 (ethertype 0x8915) packets with a valid BTH; NCCL's IB set-up "
-                  "connection by its handshake"),
+                  "connection by its handshake (NCCL_SOCKET_MAGIC, type 4)"),
 )
 
 

@@ -680,7 +680,9 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
         stream_id = connection.client_stream_id
         while (exchange := connection.decoder.next_event()) is not NEED_DATA:
             request, response = exchange.request, exchange.response
+            rendezvous = {}
             for key, value in _key_values(exchange):
+                rendezvous.update(tcpstore.torchelastic_fields(key, value))
                 group_rank = split_rank_key(key)
                 if group_rank is None:
                     continue
@@ -698,6 +700,7 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
                 "store_keys": len(request.keys), "value_bytes": value_bytes,
                 "response_bytes": response.size_bytes if response else None,
                 "store_number": response.number if response and response.number is not None else request.number,
+                **rendezvous,
             })
 
 

@@ -23,20 +23,23 @@ Whether a capture comes from before 2.27 (no inline payloads) cannot be read fro
 sockets, the first message of at most 128 bytes forks two hypotheses, fed the same bytes, and the one whose
 control and data sockets agree at the end is kept.
 
-`NcclSocketCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base). It keeps no payload beyond the first bytes of each message (for the LL/LL128 test).
+`NcclSocketCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base). It
+keeps no payload beyond the first bytes of each message (the LL/LL128 test, and a digest of the first
+HEAD_DIGEST_BYTES: whether a rank forwarded what it received or reduced it).
 
-Collectives are inferred from the transfers by decoders.nccl_collectives (shared with decoders.protocols.roce).
+Collectives are inferred job-wide from the messages by decoders.nccl_collectives (shared with
+decoders.protocols.roce), which decoders.job runs once every capture is decoded.
 """
 from __future__ import annotations
 
 import collections
 import copy
 import struct
+import zlib
 from dataclasses import dataclass
 
-from dlcsniff.decoders.nccl_collectives import IDLE_GAP_NS, collective_rows
 from dlcsniff.decoders.packet import ip_to_str
-from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
+from dlcsniff.decoders.protocols.base import CaptureRows, Count, ProtocolDecoderBase, TcpDirection
 
 NCCL_SOCKET_MAGIC = 0x564AB9F2FC4B9D6C     # net transports' handshake magic (src/include/socket.h)
 NCCL_COMM_ID_MAGIC = 0x0280028002800280    # communicators created through NCCL_COMM_ID (src/include/comm.h)
@@ -50,7 +53,9 @@ MAX_RANK = 1 << 24
 # Before 2.16 (no handshake) a net-socket message is one proxy step of at most NCCL_BUFFSIZE: a larger size
 # in what would be a control socket's first bytes means it is not one.
 MAX_LEGACY_MESSAGE_BYTES = 1 << 28
+LEGACY_MIN_MESSAGES = 2          # whole messages a pre-2.16 control socket must show to be taken for NCCL
 SAMPLE_BYTES = 256               # payload bytes kept per message to recognise LL / LL128 lines
+HEAD_DIGEST_BYTES = 64           # first payload bytes digested per message (also RoCE's, decoders.protocols.roce)
 
 HANDSHAKE = struct.Struct("<Qi")   # u64 magic, i32 ncclSocketType
 HANDSHAKE_BYTES = HANDSHAKE.size
@@ -110,7 +115,7 @@ def task_sizes(size_bytes: int, nsocks: int) -> list[int]:
 
 class _Message:
     __slots__ = ("seq", "size_bytes", "ts_first_ns", "ts_last_ns", "inline", "tasks", "pending_bytes",
-                 "missing_bytes", "sample")
+                 "missing_bytes", "sample", "head_crc32")
 
     def __init__(self, seq: int, size_bytes: int, ts_ns: int, inline: bool | None):
         self.seq = seq
@@ -122,6 +127,7 @@ class _Message:
         self.pending_bytes = size_bytes        # payload bytes not delivered yet (captured or lost)
         self.missing_bytes = 0
         self.sample = bytearray()
+        self.head_crc32: int | None = None
 
     def receive(self, data: memoryview | None, nbytes: int, payload_offset: int, ts_ns: int, lost: bool) -> None:
         """`nbytes` payload bytes at `payload_offset`: in `data`, or lost by the capture, or not kept (None)."""
@@ -132,6 +138,8 @@ class _Message:
         self.ts_last_ns = max(self.ts_last_ns, ts_ns)
         if data is not None and payload_offset == len(self.sample) < SAMPLE_BYTES:
             self.sample += data[:SAMPLE_BYTES - payload_offset]
+            if self.head_crc32 is None and len(self.sample) >= min(HEAD_DIGEST_BYTES, self.size_bytes):
+                self.head_crc32 = zlib.crc32(self.sample[:HEAD_DIGEST_BYTES])
 
 
 class _Transfer:
@@ -350,7 +358,6 @@ class _BootstrapConnection:
 
 # -- the capture-level decoder ---------------------------------------------------------------------------
 
-_TRANSFER_COLUMNS = ("ts_first_ns", "ts_last_ns", "size_bytes", "payload_bytes", "complete")
 _NET, _BOOT, _LABEL = "net_socket", "bootstrap", "label"
 _LABEL_PROTOCOLS = {TYPE_PROXY: "nccl_proxy", TYPE_RAS: "nccl_ras"}    # connections only named, not decoded
 
@@ -362,24 +369,25 @@ class _Stream:
     socket_type: str | None
     magic: int | None
     skip: int                                   # handshake bytes still to pass over
+    key: tuple = ()                             # the TCP direction (src ip, src port, dst ip, dst port)
     connection: _NetSocketConnection | None = None
     index: int | None = None
     bootstrap: _BootstrapConnection | None = None
+    payload_bytes: int = 0                      # bytes delivered (a label direction: did it speak?)
 
 
 class NcclSocketCaptureDecoder(ProtocolDecoderBase):
     """NCCL's TCP connections in one capture: net-socket transfers, bootstrap messages, proxy / RAS labels.
 
-    A protocol decoder (decoders.protocols.base); `idle_gap_ns` and `world_size` steer the collectives'
-    inference (`collectives_from_transfers`).
+    A protocol decoder (decoders.protocols.base). Connections claimed on pre-2.16 structure alone (no
+    handshake) are reported only if the rest of the capture bears them out (`_unproven_legacy`).
     """
 
     name = "nccl_socket"
 
-    def __init__(self, *, idle_gap_ns: int = IDLE_GAP_NS, world_size: int | None = None):
+    def __init__(self):
         super().__init__()
-        self.idle_gap_ns = idle_gap_ns
-        self.world_size = world_size
+        self._spoke: set[tuple] = set()                              # TCP directions seen carrying bytes
         self._streams: dict[int, _Stream] = {}
         self._labels: dict[tuple, str] = {}                          # claimed TCP key -> protocol
         self._known_magics = {NCCL_SOCKET_MAGIC, NCCL_COMM_ID_MAGIC}
@@ -391,9 +399,11 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
     def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
         stream_id, key, syn_seen = direction.stream_id, direction.key, direction.syn_seen
         src, sport, dst, dport = key
+        if prefix:
+            self._spoke.add(key)
         reverse = self._labels.get((dst, dport, src, sport))
         if reverse is not None:           # the other direction of a connection already claimed
-            self._streams[stream_id] = _Stream(_LABEL, reverse, None, None, 0)
+            self._streams[stream_id] = _Stream(_LABEL, reverse, None, None, 0, key)
             return True
         if not prefix:
             return None
@@ -404,11 +414,19 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
                 verdict = None            # the handshake may still be coming (magic and type are two writes)
         if verdict:
             self._labels[key] = self._streams[stream_id].protocol
+            self._streams[stream_id].key = key
         return verdict
+
+    def claim_fallback(self, direction: TcpDirection, prefix: bytes, seen_data: bool) -> bool:
+        if seen_data:          # nobody's: still, its bytes tell that a connection was not one-way
+            self._spoke.add(direction.key)
+        return False
 
     def _claim_handshake(self, stream_id: int, key: tuple, prefix: bytes) -> bool | None:
         magic, socket_type = HANDSHAKE.unpack_from(prefix)
         if socket_type == TYPE_NET_SOCKET:
+            if magic != NCCL_SOCKET_MAGIC:      # (an NCCL_SOCKET_MAGIC set in the environment, 2.30+, is not known)
+                return False
             if len(prefix) <= HANDSHAKE_BYTES:
                 return None
             index = prefix[HANDSHAKE_BYTES]
@@ -509,6 +527,7 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
             nbytes -= skipped
             if view is not None:
                 view = view[skipped:]
+        st.payload_bytes += nbytes
         if not nbytes or st.kind == _LABEL:
             return
         if st.kind == _BOOT:
@@ -527,12 +546,59 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
 
     # -- results -------------------------------------------------------------------------------------
     def end_of_capture(self) -> None:
-        self._emit_rows(self._rows())
+        unproven = self._unproven()
+        self._emit_rows(self._rows(unproven))
+        self._emit(Count("nccl_unproven_streams", len(unproven)))
 
-    def _rows(self) -> CaptureRows:
+    def _unproven(self) -> set[int]:
+        """Directions claimed on evidence the rest of the capture does not bear out; they stay plain TCP.
+
+        NCCL's net-socket and bootstrap connections carry bytes one way only (the receiver never writes on
+        them): a request/response exchange (a verbs program's QP exchange, a benchmark's set-up, a Gloo pair)
+        is not one. A bootstrap handshake's magic is the communicator's, random: it is taken for NCCL when
+        it opens two connections or more (the root's, the ring's, point-to-point ones), or is
+        NCCL_COMM_ID_MAGIC; proxy and RAS connections need such a magic. Before 2.16 nothing names NCCL: a
+        net-socket control socket must carry whole messages, each its size then its bytes (at least
+        LEGACY_MIN_MESSAGES of them before a last one the capture may have cut), a bootstrapSend connection
+        one whole message."""
+        spoke = self._spoke | {st.key for st in self._streams.values() if st.kind == _LABEL and st.payload_bytes}
+
+        def one_way(stream_ids) -> bool:
+            return all((k := self._streams[sid].key) and (k[2], k[3], k[0], k[1]) not in spoke for sid in stream_ids)
+
+        unproven: set[int] = set()
+        for conn in self._all_connections:
+            model = conn.best()
+            whole = [m for m in model.messages if not m.pending_bytes and not m.missing_bytes] if model else []
+            if not one_way(conn.members.values()) or not conn.handshake and not (
+                    model is not None and model.broken is None and len(whole) >= LEGACY_MIN_MESSAGES):
+                unproven.update(conn.members.values())
+        opened: dict[int, set] = collections.defaultdict(set)          # magic -> connections it opened
+        for stream_id, st in self._streams.items():
+            if st.kind == _BOOT and st.magic is not None and one_way([stream_id]) and st.bootstrap.broken is None:
+                opened[st.magic].add(frozenset(((st.key[0], st.key[1]), (st.key[2], st.key[3]))))
+        magics = {NCCL_COMM_ID_MAGIC} | {magic for magic, connections in opened.items() if len(connections) >= 2}
+        for stream_id, st in self._streams.items():
+            if st.kind == _BOOT and st.magic is None:
+                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.bootstrap.records and all(
+                    not r.pending_bytes and not r.missing_bytes for r in st.bootstrap.records)
+            elif st.kind == _BOOT:
+                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.magic in magics
+            else:
+                proven = st.kind != _LABEL or st.magic is None or st.magic in magics
+            if not proven:
+                unproven.add(stream_id)
+        keys = {self._streams[sid].key for sid in unproven}
+        unproven.update(sid for sid, st in self._streams.items()
+                        if st.kind == _LABEL and (st.key[2], st.key[3], st.key[0], st.key[1]) in keys)
+        return unproven
+
+    def _rows(self, unproven: set[int]) -> CaptureRows:
         messages: list[dict] = []
         streams: dict[int, dict] = {}
         for stream_id, st in self._streams.items():
+            if stream_id in unproven:
+                continue
             streams[stream_id] = {"protocol": st.protocol, "nccl_socket_type": st.socket_type,
                                   "nccl_magic": None if st.magic is None else f"{st.magic:#018x}"}
             if st.kind == _BOOT:
@@ -542,8 +608,9 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
                                  "ts_first_ns": r.ts_first_ns, "ts_last_ns": r.ts_last_ns,
                                  "size_bytes": r.size_bytes, "complete": not r.pending_bytes and not r.missing_bytes,
                                  "peer_rank": rank, "tag": tag} for r in records)
-        transfers: list[dict] = []
         for conn in self._all_connections:
+            if unproven.issuperset(conn.members.values()):
+                continue
             model = conn.best()
             control_stream = conn.members.get(conn.nsocks)
             inline_era = None
@@ -566,12 +633,8 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
                                  "size_bytes": msg.size_bytes,
                                  "complete": not msg.pending_bytes and not msg.missing_bytes,
                                  "nccl_seq": msg.seq, "nccl_inline": msg.inline, "nccl_tasks": msg.tasks,
-                                 "nccl_proto": proto, "payload_bytes": data_bytes})
-                transfers.append({"sender": conn.sender, "receiver": conn.receiver, "sender_rank": None,
-                                  "receiver_rank": None, **{name: messages[-1][name] for name in _TRANSFER_COLUMNS}})
-        collectives = collective_rows(transfers, protocol=self.name, idle_gap_ns=self.idle_gap_ns,
-                                      world_size=self.world_size)
-        return CaptureRows(messages=messages, streams=streams, extra_streams=[], collectives=collectives)
+                                 "nccl_proto": proto, "payload_bytes": data_bytes, "head_crc32": msg.head_crc32})
+        return CaptureRows(messages=messages, streams=streams)
 
 
 def _looks_like_control(prefix: bytes, nsocks: int) -> bool:

@@ -635,10 +635,10 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     @staticmethod
     def _stream_columns(st: _ZmtpStream) -> dict:
         z = st.zmtp
-        # A stream caught mid-connection has no greeting (version None) but may well be ZMTP.
-        # A direction offered to ZMTP on weak evidence (caught mid-connection) in which no frame was ever
-        # found is plain TCP: nothing of it is ZMTP's, not even the bytes scanned.
-        if not (z.version is not None or z.messages > 0 or z.commands > 0):
+        # A stream caught mid-connection has no greeting (version None) but may well be ZMTP; one whose
+        # bytes merely parse as unversioned ZMTP 1.0 may well not be. Without positive evidence
+        # (ZmtpDecoder.evidence) the direction is plain TCP: nothing of it is ZMTP's, not even the bytes read.
+        if not z.evidence:
             return {}
         ident = z.identity
         return {"protocol": "pslite" if st.is_pslite else "zmtp", "zmtp_version": z.version, "mechanism": z.mechanism,

@@ -16,11 +16,15 @@ packet-infiniband.c and Linux rxe; NCCL src/transport/net_ib read at the v2.12.1
   acknowledges with ACK packets whose AETH syndrome says ACK (0x00), RNR NAK (0x20) or NAK (0x60 | code).
   CNP (opcode 0x81) is the congestion notification of RoCEv2 congestion control (DCQCN).
 - NCCL (net_ib): for each receive, the receiver RDMA-WRITEs (WRITE_ONLY, no immediate) n = nreqs
-  `ncclIbSendFifo` entries into the sender's CTS FIFO: 32-byte entries up to 2.20 {u64 addr, i32 size,
-  u32 rkey, u32 nreqs, u32 tag, u64 idx}; 64-byte entries since 2.21 with 2 (2.21-2.25), 4 (2.26-2.29)
-  or 8 (2.30+) rkeys and a 32- or 64-bit size. tag is the sending rank, idx the FIFO counter (from 1).
+  `ncclIbSendFifo` entries into the sender's CTS FIFO: 32-byte entries up to 2.19 {u64 addr, i32 size,
+  u32 rkey, u32 nreqs, u32 tag, u64 idx}; 64-byte entries since 2.20 (merged NICs): 2 rkeys and an i32
+  size (2.20-2.23), 4 rkeys and a u64 size (2.24-2.29), 8 rkeys (2.30+). tag is the sending rank, idx
+  the FIFO counter (from 1); entry n of a receive lands at the FIFO address + (slot * 8 + n) * entry
+  size, slot = (idx - 1) mod 256 in 2.20 (NCCL_NET_MAX_REQUESTS * NCCL_NET_IB_MAX_RECVS).
   The sender then WRITEs the data to addr with one of the rkeys; the last write carries an immediate:
-  the byte count (big-endian; the default index-based matching). Multi-receive (nreqs > 1): plain
+  the byte count as the host stores it (net_ib ncclIbMultiSend assigns the size to imm_data without
+  htonl, so on little-endian hosts the ImmDt bytes are little-endian: a 1-byte write carries 01 00 00 00,
+  seen on real 2.20.5 captures). An empty send is a 0-byte WRITE_WITH_IMM. Multi-receive (nreqs > 1): plain
   WRITEs, then a WRITE_WITH_IMM of nreqs little-endian i32 sizes. With adaptive routing the data is a plain
   WRITE followed by a 0-byte WRITE_WITH_IMM. Per connection NCCL sets up its QPs over a TCP connection
   (handshake magic + type 4) on which both sides send their connection metadata: QP numbers, GIDs, the CTS
@@ -30,8 +34,9 @@ Streams are (source, destination, destination QP). Retransmission = a request PS
 seen (go-back-N resends from the lost PSN); capture loss = PSNs never seen. Packets with a bad ICRC are
 counted and otherwise ignored, as the receiving adapter drops them.
 
-Collectives are inferred from the NCCL data writes alone, as for the socket transport (see
-decoders.nccl_collectives); the CTS tags give the ranks.
+Collectives are not inferred here: which host captured, the world size and the ring need every capture of the
+job, so decoders.job hands all captures' NCCL rows to decoders.nccl_collectives, which cuts each connection's
+FIFO slots into operations by NCCL's step structure (shared with the socket transport).
 """
 from __future__ import annotations
 
@@ -41,8 +46,9 @@ from dataclasses import dataclass, field
 
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_RAW, ip_to_str)
-from dlcsniff.decoders.nccl_collectives import IDLE_GAP_NS, collective_rows
-from dlcsniff.decoders.protocols.base import CaptureRows, ProtocolDecoderBase, TcpDirection
+from dlcsniff.decoders.protocols.base import CaptureRows, Count, ProtocolDecoderBase, TcpDirection
+from dlcsniff.decoders.protocols.nccl_socket import (HANDSHAKE, HEAD_DIGEST_BYTES, NCCL_SOCKET_MAGIC, SAMPLE_BYTES,
+                                                      line_protocol)
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915
@@ -56,6 +62,7 @@ MAX_PENDING_PACKETS = 1024       # packets held behind a PSN hole before the hol
 KEPT_PAYLOAD_BYTES = 512         # single-packet WRITE payloads up to this size are kept (CTS, size arrays)
 SETUP_KEPT_BYTES = 64 << 10      # bytes kept per direction of an NCCL IB set-up connection
 MAX_TRACKED_READS = 256          # READ requests per stream whose (possibly repeated) responses are matched
+ATOMIC_OPERAND_BYTES = 8         # an atomic reads and writes one u64 at its VA
 
 _ETHERTYPE_IPV4 = 0x0800
 _ETHERTYPE_IPV6 = 0x86DD
@@ -70,7 +77,6 @@ BTH_BYTES = 12
 _RETH = struct.Struct("!QII")
 _U32_BE = struct.Struct("!I")
 _ICRC = struct.Struct("<I")
-_HANDSHAKE = struct.Struct("<Qi")
 _ICRC_SEED = zlib.crc32(b"\xff" * 8)     # the masked LRH: 8 bytes of ones
 
 # AETH syndrome (bits 7..5)
@@ -148,12 +154,13 @@ class RocePacket:
     becn: bool
     ecn_ce: bool                 # IP ECN "congestion experienced" (the mark a CNP answers)
     payload_bytes: int           # after the extension headers, without pad and ICRC
-    reth: tuple[int, int, int] | None     # (VA, R_Key, DMA length)
+    reth: tuple[int, int, int] | None     # (VA, R_Key, DMA length); atomics: (VA, R_Key, 8) from AtomicETH
     syndrome: int | None         # AETH
     imm: int | None              # ImmDt as an unsigned big-endian integer
     icrc: int | None             # the ICRC the packet carries (None: the capture cut it off)
     icrc_ok: bool | None
     payload: memoryview | None   # the captured payload (None when cut)
+    head: memoryview             # the payload's first bytes the capture kept (all of it, or up to the cut)
 
 
 def _network(linktype: int, data: memoryview) -> tuple[int, int]:
@@ -241,7 +248,12 @@ def parse_roce(linktype: int, data: bytes | memoryview, ts_ns: int) -> RocePacke
         payload_bytes = end - 4 - ((flags >> 4) & 3) - payload_at
         if payload_bytes < 0:
             return None
-        reth = _RETH.unpack_from(data, ext + opcode.reth_at) if opcode.reth_at >= 0 else None
+        if opcode.reth_at >= 0:
+            reth = _RETH.unpack_from(data, ext + opcode.reth_at)
+        elif opcode.kind == "ATOMIC":        # AtomicETH: VA u64, R_Key u32, then the 8-byte operands
+            reth = _RETH.unpack_from(data, ext)[:2] + (ATOMIC_OPERAND_BYTES,)
+        else:
+            reth = None
         syndrome = data[ext + opcode.aeth_at] if opcode.aeth_at >= 0 else None
         imm = _U32_BE.unpack_from(data, ext + opcode.imm_at)[0] if opcode.imm_at >= 0 else None
     except (struct.error, IndexError):
@@ -251,7 +263,13 @@ def parse_roce(linktype: int, data: bytes | memoryview, ts_ns: int) -> RocePacke
     return RocePacket(ts_ns, 2 if udp is not None else 1, bytes(src), bytes(dst), opcode, resv_qp & 0xFFFFFF,
                       ack_psn & 0xFFFFFF, bool(resv_qp >> 31), bool((resv_qp >> 30) & 1), ecn_ce, payload_bytes,
                       reth, syndrome, imm, icrc, None if icrc is None else compute_icrc(data, net, bth, end) == icrc,
-                      data[payload_at:payload_at + payload_bytes] if captured else None)
+                      data[payload_at:payload_at + payload_bytes] if captured else None,
+                      data[payload_at:payload_at + payload_bytes])
+
+
+def nccl_imm_bytes(imm: int) -> int:
+    """NCCL's byte count from an ImmDt read big-endian: NCCL stores it in host order (little-endian hosts)."""
+    return int.from_bytes(imm.to_bytes(4, "big"), "little")
 
 
 # -- NCCL's CTS FIFO entries -----------------------------------------------------------------------------
@@ -284,9 +302,9 @@ class _CtsLayout:
 
 _CTS_LAYOUTS = [
     _CtsLayout(64, struct.Struct("<Q"), struct.Struct("<8I"), 16, 48, 56),   # 2.30+
-    _CtsLayout(64, struct.Struct("<Q"), struct.Struct("<4I"), 16, 32, 40),   # 2.26-2.29
-    _CtsLayout(64, struct.Struct("<i"), struct.Struct("<2I"), 12, 20, 32),   # 2.21-2.25
-    _CtsLayout(32, struct.Struct("<i"), struct.Struct("<I"), 12, 16, 24),    # up to 2.20
+    _CtsLayout(64, struct.Struct("<Q"), struct.Struct("<4I"), 16, 32, 40),   # 2.24-2.29
+    _CtsLayout(64, struct.Struct("<i"), struct.Struct("<2I"), 12, 20, 32),   # 2.20-2.23 (seen on 2.20.5)
+    _CtsLayout(32, struct.Struct("<i"), struct.Struct("<I"), 12, 16, 24),    # up to 2.19
 ]
 _U64_LE = struct.Struct("<Q")
 _TWO_U32_LE = struct.Struct("<II")
@@ -326,10 +344,10 @@ class _RdmaMessage:
     __slots__ = ("kind", "psn", "ts_first_ns", "ts_last_ns", "payload_bytes", "packets", "missing_packets",
                  "has_first", "has_last", "va", "rkey", "dma_length", "imm", "content", "response_psns",
                  "span", "nccl_role", "nccl_tag", "nccl_fifo_idx", "nccl_nreqs", "nccl_bytes", "nccl_sizes",
-                 "nccl_addrs")
+                 "nccl_addrs", "head_crc32", "line_protocol")
 
     def __init__(self, kind: str, psn: int, ts_ns: int):
-        self.kind = kind                 # SEND, WRITE, READ
+        self.kind = kind                 # SEND, WRITE, READ, ATOMIC
         self.psn = psn
         self.ts_first_ns = self.ts_last_ns = ts_ns
         self.payload_bytes = 0           # unique payload bytes seen (READ: response bytes)
@@ -342,6 +360,8 @@ class _RdmaMessage:
         self.span = 0                    # READ: most response packets it can take
         self.nccl_role = self.nccl_tag = self.nccl_fifo_idx = self.nccl_nreqs = self.nccl_bytes = None
         self.nccl_sizes = self.nccl_addrs = None
+        self.head_crc32: int | None = None    # CRC-32 of the first HEAD_DIGEST_BYTES payload bytes, if captured
+        self.line_protocol: str | None = None  # NCCL's LL / LL128 / Simple, from the first payload bytes
 
     @property
     def complete(self) -> bool:
@@ -351,7 +371,7 @@ class _RdmaMessage:
 
     @property
     def size_bytes(self) -> int:
-        if self.dma_length is not None and (self.kind == "READ" or not self.complete):
+        if self.dma_length is not None and (self.kind in ("READ", "ATOMIC") or not self.complete):
             return self.dma_length
         return self.payload_bytes
 
@@ -440,8 +460,12 @@ class _QueuePair:
         op = pkt.opcode
         self.expected_psn = psn + 1
         self.read_reserve_end = None
-        if op.kind == "ATOMIC":
+        if op.kind == "ATOMIC":             # one packet, its operands in the header: a message of its own
             self.current = None
+            msg = self._start("ATOMIC", pkt)
+            msg.va, msg.rkey, msg.dma_length = pkt.reth
+            msg.has_first = msg.has_last = True
+            msg.add(pkt)
             return
         if op.kind == "READ_REQUEST":
             self.current = None
@@ -468,6 +492,10 @@ class _QueuePair:
                 cur.va, cur.rkey, cur.dma_length = pkt.reth
             if op.position == ONLY and pkt.payload is not None and pkt.payload_bytes <= KEPT_PAYLOAD_BYTES:
                 cur.content = bytes(pkt.payload)
+            if pkt.payload_bytes and len(pkt.head) >= min(HEAD_DIGEST_BYTES, pkt.payload_bytes):
+                cur.head_crc32 = zlib.crc32(pkt.head[:HEAD_DIGEST_BYTES])
+                cur.line_protocol = line_protocol(bytes(pkt.head[:SAMPLE_BYTES]),
+                                                  pkt.reth[2] if pkt.reth is not None else pkt.payload_bytes)
         elif cur is None or cur.kind != op.kind:
             cur = self.current = self._start(op.kind, pkt)      # its first packets were never seen
         cur.add(pkt)
@@ -516,17 +544,15 @@ class _SetupConnection:
 class RoceCaptureDecoder(ProtocolDecoderBase):
     """RoCE packets of one capture (`receive_packet`), plus NCCL's IB set-up TCP connections (claimed).
 
-    Rows at the end of the capture: one message row per RDMA message (SEND, WRITE, READ; NCCL roles annotated), one
-    extra stream row per (source, destination, destination QP); messages name theirs by "extra_stream"
-    (the row's index in `extra_streams`).
+    Rows at the end of the capture: one message row per RDMA message (SEND, WRITE, READ, ATOMIC; NCCL roles
+    annotated), one extra stream row per (source, destination, destination QP); messages name theirs by
+    "extra_stream" (the row's index in `extra_streams`).
     """
 
     name = "roce"
 
-    def __init__(self, *, idle_gap_ns: int = IDLE_GAP_NS, world_size: int | None = None):
+    def __init__(self):
         super().__init__()
-        self.idle_gap_ns = idle_gap_ns        # steer the collectives' inference
-        self.world_size = world_size
         self._qps: dict[tuple[bytes, bytes, int], _QueuePair] = {}
         self._by_hosts: dict[tuple[bytes, bytes], list[_QueuePair]] = {}
         self._setups: dict[int, _SetupConnection] = {}          # TCP stream id -> its set-up connection
@@ -596,9 +622,9 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
             setup.acceptor_stream = stream_id
             self._setups[stream_id] = setup
             return True
-        if len(prefix) < _HANDSHAKE.size:
+        if len(prefix) < HANDSHAKE.size:
             return None
-        if _HANDSHAKE.unpack_from(prefix)[1] != NCCL_SOCKET_TYPE_NET_IB:
+        if HANDSHAKE.unpack_from(prefix) != (NCCL_SOCKET_MAGIC, NCCL_SOCKET_TYPE_NET_IB):     # net_ib.cc
             return False
         setup = _SetupConnection(stream_id)
         self._setups[stream_id] = setup
@@ -625,19 +651,22 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         qps = list(self._qps.values())
         for qp in qps:
             qp.advance(flush=True)
+        # A stream none of whose packets passed the ICRC check (as a receiving adapter would drop them all)
+        # shows no RoCE: its datagrams are counted as unclaimed, not claimed as a queue pair.
+        unproven = [qp for qp in qps if qp.bad_icrc == qp.packets]
+        for version, name in ((2, "roce_v2_datagrams_unproven"), (1, "roce_v1_packets_unproven")):
+            count = sum(qp.packets for qp in unproven if qp.version == version)
+            if count:
+                self._emit(Count(name, count))
+        qps = [qp for qp in qps if qp.bad_icrc < qp.packets]
+        for index, qp in enumerate(qps):
+            qp.index = index
         self._nccl_semantics(qps)
         self._nccl_connections(qps)
         streams = {stream_id: {"protocol": "nccl_ib_setup"} for stream_id in self._setups}
         extra = [self._stream_row(qp) for qp in qps]
         messages = [self._message_row(qp, msg) for qp in qps for msg in qp.messages]
-        transfers = [{"sender": row["src_ip"], "receiver": row["dst_ip"], "sender_rank": row["src_rank"],
-                      "receiver_rank": row["dst_rank"], "ts_first_ns": row["ts_first_ns"],
-                      "ts_last_ns": row["ts_last_ns"], "size_bytes": row["size_bytes"],
-                      "payload_bytes": row["size_bytes"], "complete": row["complete"]}
-                     for row in messages if row["nccl_role"] == "data"]
-        collectives = collective_rows(transfers, protocol=self.name, idle_gap_ns=self.idle_gap_ns,
-                                      world_size=self.world_size)
-        return CaptureRows(messages=messages, streams=streams, extra_streams=extra, collectives=collectives)
+        return CaptureRows(messages=messages, streams=streams, extra_streams=extra)
 
     @staticmethod
     def _nccl_semantics(qps: list[_QueuePair]) -> None:
@@ -669,14 +698,14 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
                 group = [e for e in fifos[(qp.src, qp.dst)] if e.idx == entry.idx]
                 last_matched[qp] = group
                 entry.matched_bytes += msg.size_bytes
-                if msg.imm is not None and entry.nreqs == 1 and msg.imm <= entry.size:
-                    entry.send_bytes = msg.imm
-                    msg.nccl_bytes = msg.imm
+                if msg.imm is not None and entry.nreqs == 1 and nccl_imm_bytes(msg.imm) <= entry.size:
+                    entry.send_bytes = msg.nccl_bytes = nccl_imm_bytes(msg.imm)
             elif msg.imm is not None and qp in last_matched:
                 group = last_matched[qp]
-                if msg.size_bytes == 0 and len(group) == 1 and msg.imm <= group[0].size:   # adaptive routing
+                sent = nccl_imm_bytes(msg.imm)
+                if msg.size_bytes == 0 and len(group) == 1 and sent <= group[0].size:   # adaptive routing
                     entry = group[0]
-                    entry.send_bytes = msg.nccl_bytes = msg.imm
+                    entry.send_bytes = msg.nccl_bytes = sent
                 elif len(group) > 1 and msg.size_bytes == 4 * len(group) and msg.content is not None:
                     entry = group[0]
                     msg.nccl_sizes = list(struct.unpack(f"<{len(group)}i", msg.content))
@@ -736,4 +765,5 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
                 "psn": msg.psn, "packets": msg.packets, "imm": msg.imm, "va": msg.va, "rkey": msg.rkey,
                 "nccl_role": msg.nccl_role, "nccl_tag": msg.nccl_tag, "nccl_fifo_idx": msg.nccl_fifo_idx,
                 "nccl_nreqs": msg.nccl_nreqs, "nccl_bytes": msg.nccl_bytes, "nccl_sizes": msg.nccl_sizes,
-                "nccl_addrs": msg.nccl_addrs, "src_rank": qp.src_rank, "dst_rank": qp.dst_rank}
+                "nccl_addrs": msg.nccl_addrs, "src_rank": qp.src_rank, "dst_rank": qp.dst_rank,
+                "head_crc32": msg.head_crc32, "nccl_proto": msg.line_protocol if msg.nccl_role == "data" else None}

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import json
 import struct
 from collections import deque
 from dataclasses import dataclass
@@ -73,6 +74,10 @@ class Query(enum.IntEnum):
     LIST_KEYS = 17
     BARRIER = 18
 
+
+# torchelastic's rendezvous keys (torch/distributed/elastic/agent/server/api.py _assign_worker_ranks)
+TORCHELASTIC_ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
+TORCHELASTIC_ROLE_INFO = "torchelastic/role_info/"
 
 # The first bytes of every client connection: VALIDATE and the magic.
 VALIDATE_PREFIX = _U8.pack(Query.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
@@ -332,3 +337,19 @@ class TcpStoreConnection:
         if self.failed is None:
             self.failed = reason
         self.receive_end(0)
+
+
+def torchelastic_fields(key: str, value: bytes) -> dict:
+    """What torchelastic's rendezvous tells about the node whose agent set or read `key`, as message-row
+    columns: `assigned_ranks/<node>` holds the JSON list [base global rank, global world size, base role
+    rank, role world size] (-> src_rank, world_size); `role_info/<node>` the JSON object {"role", "rank",
+    "local_world_size"} (-> local_world_size: processes on that node). Anything else: nothing."""
+    try:
+        if TORCHELASTIC_ASSIGNED_RANKS in key:
+            base_rank, world_size = json.loads(value)[:2]
+            return {"src_rank": int(base_rank), "world_size": int(world_size)}
+        if TORCHELASTIC_ROLE_INFO in key:
+            return {"local_world_size": int(json.loads(value)["local_world_size"])}
+    except (ValueError, TypeError, KeyError, IndexError):
+        pass
+    return {}

@@ -336,12 +336,24 @@ class ZmtpDecoder:
         self.socket_type: str | None = None
         self.identity: bytes | None = None
         self.encrypted = False
+        self.signature = False          # the stream began with ZMTP's signature (2.0 and later, or a talk-down)
+        self.identity_flags: int | None = None   # 1.0/2.0: the flags byte of the identity frame
         self.properties: dict[str, bytes] = {}
         self.messages = 0
         self.commands = 0
         self.frames = 0
         self.lost_bytes = 0
         self.resyncs = 0
+
+    @property
+    def evidence(self) -> bool:
+        """Whether the bytes read so far show ZMTP rather than merely parse as it. Any stream whose first byte
+        is not 0xFF parses as unversioned ZMTP 1.0 for a while, so there it takes an identity frame with the
+        flags 1.0 peers send (0) and a whole message after it, without a decoding failure; a signature or
+        a frame found by resynchronising is evidence enough (the scanner checks chains of frames)."""
+        if self.signature or self.version is None:
+            return self.signature or self.messages > 0 or self.commands > 0
+        return self.identity_flags == 0 and self.messages > 0 and self._state is not _State.FAILED
 
     @property
     def buffered_bytes(self) -> int:
@@ -436,6 +448,7 @@ class ZmtpDecoder:
         q.read(greeting_size, None)
         if greeting_size:
             ts_ns = q.last_ts_ns
+        self.signature = greeting_size > 0
         self._framing = framing
         if framing is _Framing.V3:
             _, _, _, minor, mechanism, as_server = _GREETING_V3.unpack(head)
@@ -483,6 +496,7 @@ class ZmtpDecoder:
         self._frame_complete = True
         if self._expect_identity:
             kind, collect = _FrameKind.IDENTITY, min(size, COMMAND_BODY_CAP_BYTES)
+            self.identity_flags = flags
         elif self.encrypted:
             kind, collect = _FrameKind.COMMAND, min(size, _ENCRYPTED_NAME_PREFIX_BYTES)
         elif flags & FLAG_COMMAND:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,13 +13,15 @@ from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check
                               out, warn)
 
 
-PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on
+PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on (and always for a stream: no size)
 
 
 @command()
 def decode(
-    captures: Annotated[list[Path], typer.Argument(metavar="CAPTURE...", help="Capture files (pcap/pcapng, "
-                                                   "optionally .gz) or directories of them: every node of one job.")],
+    captures: Annotated[list[Path], typer.Argument(
+        metavar="CAPTURE...", help="Capture files (pcap/pcapng, optionally gzip, xz or zstd compressed; the pieces "
+        "of a rotated or split capture become one node's capture), directories of them, - (standard input) or "
+        "fifos: every node of one job.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory for the Parquet tables.")],
     as_json: Json = False,
     progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", **Flag,
@@ -30,32 +31,44 @@ def decode(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", min=0, metavar="N", help="Processes decoding captures in parallel (pandas: forked, 0 = none; "
         "dask: the local cluster's workers). Default: one per core, when it pays.")] = None,
+    filter_expr: Annotated[Optional[str], typer.Option(
+        "--filter", "-f", metavar="EXPR", help="Decode only the packets this pcap filter expression (tcpdump's "
+        "syntax, compiled by libpcap) keeps, e.g. 'tcp port 9000 or udp port 4791'.")] = None,
+    start: Annotated[Optional[str], typer.Option(
+        "--start", metavar="TIME", help="Decode only packets from this time on: epoch seconds, ISO 8601 (no zone: "
+        "local time), or +N after the start of the capture (its earliest first packet), in ns, us, ms, s (the "
+        "default), m or h.")] = None,
+    end: Annotated[Optional[str], typer.Option(
+        "--end", metavar="TIME", help="Decode only packets before this time (same forms as --start; +N counts from "
+        "the start of the capture too).")] = None,
     force: Force = False,
 ) -> None:
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
-    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture)
+    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture);
+    dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp port 9100' --start +2.8s --end +3s;
+    gzip -dc pcaps/zmq/client.pcap.gz | dlcsniff decode - --out out/stdin
     """
     from dlcsniff.decoders.dask_cluster import ClusterError
+    from dlcsniff.decoders.decode_run import decode_to_dir
     from dlcsniff.decoders.errors import CaptureError
-    from dlcsniff.decoders.inputs.capture_set import expand_inputs
-    from dlcsniff.decoders.job import decode_paths
-    from dlcsniff.decoders.output_dir import InputDigests, OutputError, claim_output_dir
+    from dlcsniff.decoders.inputs.selection import packet_selection
+    from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
     try:
-        # everything about the output is checked before any decoding
-        out_dir = claim_output_dir(out_dir, captures, force=force)
-        digests = InputDigests([file for capture in expand_inputs(captures) for file in capture.files])
-    except (CaptureError, OutputError) as exc:
-        fail(str(exc))
+        selection = packet_selection(filter_expr, start, end)
+    except ValueError as exc:
+        fail(f"--start/--end: {exc}")
+    if any(str(path) == "-" for path in captures) and sys.stdin.isatty():
+        fail("-: standard input is a terminal; pipe a capture into it (tcpdump -w - ... | dlcsniff decode -)")
 
     bar = None
 
-    def progress_total(total: int):
+    def progress_total(total: int | None):
         nonlocal bar
-        show = progress if progress is not None else total >= PROGRESS_MIN_BYTES
+        show = progress if progress is not None else total is None or total >= PROGRESS_MIN_BYTES
         if not show:
             return None
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -65,37 +78,27 @@ def decode(
         task = bar.add_task("decoding", total=total)
         return lambda n: bar.advance(task, n)
 
-    began = time.monotonic()
     try:
-        if engine == "dask":
-            from dlcsniff.decoders.dask_decode import decode_paths_dask
-            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total)
-        else:
-            dataset = decode_paths(captures, progress_total=progress_total, workers=workers)
-    except (CaptureError, ClusterError) as exc:
+        # the output is claimed before any decoding; the tables, and one timeline for the job (a message seen at
+        # both ends becomes one event, every capture's clock aligned to a reference capture), after it
+        run = decode_to_dir(captures, out_dir, force=force, engine=engine, scheduler=scheduler, workers=workers,
+                            selection=selection, progress_total=progress_total, command=sys.argv)
+    except (CaptureError, ClusterError, OutputError) as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"{exc.filename or ''}: {exc.strerror or exc}")
     finally:
         if bar is not None:
             bar.stop()
-    detail(f"decoded {dataset.summary['packets']:,} packets in {time.monotonic() - began:.2f} s")
-    from dlcsniff.decoders.output import write_decode_output
-    began = time.monotonic()
-    try:
-        # The tables, and one timeline for the job: a message seen at both ends becomes one event
-        # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
-        job = write_decode_output(dataset, out_dir, inputs=digests.result(), command=sys.argv)
-    except OutputError as exc:
-        fail(str(exc))
-    detail(f"wrote the tables, the job's timeline and the manifest in {time.monotonic() - began:.2f} s")
-    summary = dataset.summary
-    summary["out"] = str(out_dir)
-    summary["job_view"] = job
+    detail(f"decoded {run.dataset.summary['packets']:,} packets in {run.decode_s:.2f} s; wrote the tables, the "
+           f"job's timeline and the manifest in {run.write_s:.2f} s")
+    summary = run.dataset.summary
+    summary["out"] = str(run.out_dir)
+    summary["job_view"] = run.job_view
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        _print_decode_summary(summary, dataset.tables)
+        _print_decode_summary(summary, run.dataset.tables)
     # What is left is the interpreter's exit: spare its last garbage collection the walk over every object
     # the decode made (a quarter of a second on a large capture).
     gc.freeze()
@@ -106,20 +109,32 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
 
     for warning in summary["warnings"]:
         warn(warning)
+    selection = summary["selection"]
+    pieces = any(len(cap["files"]) > 1 for cap in summary["captures"])
     table = Table(title="capture", title_justify="left")
-    for col in ("capture", "packets", "non-TCP", "undecoded msgs"):
+    for col in ("capture", *(["files"] if pieces else []), "packets", *(["decoded"] if selection else []),
+                "non-TCP", "undecoded msgs"):
         table.add_column(col, justify="right" if col != "capture" else "left")
     for cap in summary["captures"]:
-        table.add_row(cap["capture"], f"{cap['packets']:,}", f"{cap['non_tcp_packets']:,}",
+        table.add_row(cap["capture"], *([f"{len(cap['files'])}"] if pieces else []), f"{cap['packets']:,}",
+                      *([f"{cap['packets_decoded']:,}"] if selection else []), f"{cap['non_tcp_packets']:,}",
                       f"{cap['undecoded_messages']:,}")
     out.print(table)
+    if selection:
+        window = " ".join(f"{name} {bound['given']}" for name, bound in (("from", selection["start"]),
+                                                                          ("to", selection["end"])) if bound)
+        what = "; ".join(filter(None, [f"filter {selection['filter']!r}" if selection["filter"] is not None else "",
+                                       f"window {window}" if window else ""]))
+        out.print(f"decoded {summary['packets_decoded']:,} of {summary['packets']:,} packets ({what})")
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
-    out.print(f"flows (TCP directions) by protocol: {flows}")
+    kinds = "TCP directions" + (", RoCE queue pairs each way" if "roce" in summary["flows_by_protocol"] else "")
+    out.print(f"flows ({kinds}) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
               f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; "
               f"retransmitted {summary['retransmitted_bytes']:,} B; "
-              f"{summary['midstream_streams']} flows started before the capture; "
-              f"ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B")
+              f"{summary['midstream_streams']} flows started before the capture"
+              + (f"; ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B"
+                 if summary["zmtp_messages"] or summary["zmtp_commands"] or summary["zmtp_lost_bytes"] else ""))
     if summary["zmtp_messages"] or summary["zmtp_commands"]:
         out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))

@@ -42,7 +42,8 @@ def export(
     if as_json:
         if export_format == "chrome":
             result = {"out": str(out_path), "message_events": found.message_events, "flows": found.flows,
-                      "iterations": found.iterations, "losses": found.losses}
+                      "iterations": found.iterations, "collective_operations": found.collective_operations,
+                      "losses": found.losses}
         else:
             result = {"out": str(out_path), "prefix": str(written.prefix), "losses": written.losses, "files": [
                 {"file": file.path.name, "node": file.node, "nodes": file.nodes, "send_recv": file.comm_nodes,
@@ -50,8 +51,12 @@ def export(
         print(json.dumps(result, indent=2, default=str))
         return
     if export_format == "chrome":
-        out.print(f"wrote {out_path}: {found.message_events:,} message events, {found.flows:,} flows, "
-                  f"{found.iterations:,} worker iterations (open it in Perfetto or chrome://tracing)")
+        shown = [f"{found.message_events:,} message events", f"{found.flows:,} flows"]
+        if found.iterations:
+            shown.append(f"{found.iterations:,} worker iterations")
+        if found.collective_operations:
+            shown.append(f"{found.collective_operations:,} collective operations (one per rank)")
+        out.print(f"wrote {out_path}: {', '.join(shown)} (open it in Perfetto or chrome://tracing)")
         losses = found.losses
     else:
         table = Table(title=f"Chakra traces in {out_path} (ASTRA-sim workload prefix {written.prefix})",

@@ -68,8 +68,34 @@ def mxnet_dir(decoded_job) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stats(gloo_dir):
-    return collective_statistics_of(gloo_dir)
+def raw_gloo_dir(gloo_dir, tmp_path_factory) -> Path:
+    """The Gloo job's decode output without its clocks: every rank's times as its capture took them, on the
+    host clock the records share (the ground truth below is on that clock)."""
+    out = tmp_path_factory.mktemp("gloo-raw")
+    for path in gloo_dir.iterdir():
+        if path.name != "clocks.parquet":
+            shutil.copy(path, out / path.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stats(raw_gloo_dir):
+    return collective_statistics_of(raw_gloo_dir)
+
+
+def test_aligned_times_stay_within_the_clocks_bounds(gloo_dir, stats):
+    """The decode aligns the ranks' captures from the Gloo and TCPStore messages seen at both ends; all four
+    were taken on one host's clock, so the correction it applies is an error, within the bound it states."""
+    clocks = pd.read_parquet(gloo_dir / "clocks.parquet").set_index("capture")
+    assert clocks["aligned"].all() and (clocks["reference"] == "rank0").all() and clocks["consistent"].all()
+    assert (clocks.drop("rank0")["messages_used"] > 100).all()
+    aligned = collective_statistics_of(gloo_dir)
+    assert aligned.summary["clock"]["aligned"] == [f"rank{r}" for r in RANKS]
+    both = aligned.ranks.merge(stats.ranks, on=["op", "rank"], suffixes=("", "_raw"))
+    assert len(both) == len(stats.ranks) == len(aligned.ranks)
+    bound = both["capture"].map(clocks["error_bound_ns"]).to_numpy(np.int64) + PCAP_RESOLUTION_NS
+    for edge in ("start_ns", "end_ns"):
+        assert ((both[edge] - both[f"{edge}_raw"]).abs().to_numpy(np.int64) <= bound).all()
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +208,10 @@ def test_all_to_all_matrix_sums_are_what_each_rank_recorded(stats, recorded):
     assert volume["all_reduce_bytes"] == int(volume_matrix(stats.traffic, RANKS, "all_reduce").to_numpy().sum())
 
 
-def test_a_rank_without_capture_leaves_the_matrices_whole(gloo_dir, stats):
+def test_a_rank_without_capture_leaves_the_matrices_whole(raw_gloo_dir, stats):
     """Every message of rank 2 was also seen at its peers: without rank 2's capture the traffic is the
     same, seen at one end only, and every operation rank 2 took part in is reported as not seen there."""
-    full = load_collectives(gloo_dir)
+    full = load_collectives(raw_gloo_dir)
     without = CollectiveDataset(collectives=full.collectives[full.collectives["capture"] != "rank2"],
                                 messages=full.messages[full.messages["capture"] != "rank2"], source="no rank2")
     partial = collective_statistics(without)
@@ -353,18 +379,26 @@ def test_what_a_capture_cannot_tell_stays_unknown():
 # -- stats and report ----------------------------------------------------------------------------------------
 
 def _pngs(page: str) -> dict[str, bytes]:
-    found = re.findall(r"<img alt='([^']+)' src='data:image/png;base64,([^']+)'>", page)
+    """figure name → the PNG the page shows for it (the figures it does not draw interactively)."""
+    found = re.findall(r"<figure id='([^']+)'><figcaption>.*?</figcaption>"
+                       r"<img alt='[^']*' src='data:image/png;base64,([^']+)'>", page)
     return {name: base64.b64decode(data) for name, data in found}
 
 
-def _report(decode_dir: Path, tmp_path: Path) -> dict[str, bytes]:
+def _report(decode_dir: Path, tmp_path: Path) -> set[str]:
+    """The report's figures: each drawn in the page (a PNG, or interactive charts) and as a PNG file."""
     result = invoke("report", decode_dir, "--out", tmp_path / "report.html", "--figures", tmp_path / "figures")
     assert result.exit_code == 0, result.output
-    embedded = _pngs((tmp_path / "report.html").read_text())
+    page = (tmp_path / "report.html").read_text()
+    figures = re.findall(r"<figure id='([^']+)'>", page)
     files = {path.stem: path.read_bytes() for path in (tmp_path / "figures").glob("*.png")}
-    assert embedded == files
+    assert set(files) == set(figures) and len(figures) == len(set(figures))
+    embedded = _pngs(page)
+    assert embedded == {name: files[name] for name in embedded}
+    interactive = set(re.findall(r"<div class='chart' id='([a-z_]+)-\d+-chart'", page))
+    assert interactive | set(embedded) == set(figures) and not interactive & set(embedded)
     assert all(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000 for png in files.values())
-    return files
+    return set(figures)
 
 
 def _stats(decode_dir: Path, out: Path) -> dict:
@@ -376,7 +410,9 @@ def _stats(decode_dir: Path, out: Path) -> dict:
 def test_stats_and_report_of_the_gloo_job(gloo_dir, tmp_path):
     summary = _stats(gloo_dir, tmp_path / "stats")
     written = {path.stem for path in (tmp_path / "stats").glob("*.parquet")}
-    assert written == COLLECTIVE_TABLES | JOB_TABLES and "statistics" not in summary
+    # of the merged view's tables only the connections: requests and key updates are ps-lite's
+    assert written == COLLECTIVE_TABLES | {"connections"} and "statistics" not in summary
+    assert "latency" not in summary and summary["merge"]["events_seen_at_both_ends"] == summary["merge"]["events"]
     section = summary["collectives"]
     assert section["operations"] == 28 and section["ranks"] == RANKS
     assert set(section["by_kind"]) == {"all_reduce", "all_to_all", "broadcast", "all_gather", "reduce", "gather",

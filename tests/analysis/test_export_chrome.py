@@ -1,15 +1,13 @@
 """The Chrome trace export (analysis.export_chrome) of the real MXNet jobs in pcaps/.
 
-Perfetto's trace_processor cannot be installed here, so the file is opened by a reader written below from the
-trace event format alone (JSON object, phases, µs timestamps, slices nested per track, flow s/f binding to
-their enclosing slices) and its events are counted against messages.parquet (read with pyarrow), against
+Perfetto's trace_processor cannot be installed here, so the file is opened by a reader written from the
+trace event format alone (tests/support/chrome_trace.py: JSON object, phases, µs timestamps, flow s/f binding
+to their enclosing slices) and its events are counted against messages.parquet (read with pyarrow), against
 what each node's ps-lite logged (PS_VERBOSE=2), and against the batches the workload itself timed.
 """
 from __future__ import annotations
 
 import collections
-import json
-from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,77 +17,12 @@ from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
+from tests.support.chrome_trace import enclosing, open_trace, slices_nest
 from tests.support.decoded import on_reference_clock
 from tests.support.groundtruth import load_job
 
 JOBS = ["mxnet_sync", "mxnet_async", "mxnet_sparse", "mxnet_sync_large"]
 TERMINATE = 1                      # ps-lite Control::TERMINATE
-
-
-@dataclass
-class Slice:
-    start_ns: int
-    end_ns: int
-    event: dict
-
-
-@dataclass
-class OpenedTrace:
-    """What a trace viewer builds from the file: named processes and threads, slices, flows."""
-
-    process_names: dict[int, str] = field(default_factory=dict)
-    process_labels: dict[int, str] = field(default_factory=dict)
-    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
-    slices: dict[tuple[int, int], list[Slice]] = field(default_factory=lambda: collections.defaultdict(list))
-    instants: list[dict] = field(default_factory=list)
-    flows: dict[int, dict[str, dict]] = field(default_factory=lambda: collections.defaultdict(dict))
-    bound: dict[int, Slice | None] = field(default_factory=dict)      # id(flow event) → its slice
-    other: dict = field(default_factory=dict)
-
-
-def ns(microseconds: float) -> int:
-    return round(microseconds * 1000)
-
-
-def open_trace(path) -> OpenedTrace:
-    document = json.loads(path.read_text(encoding="utf-8"))
-    assert isinstance(document, dict) and document["displayTimeUnit"] == "ns"
-    opened = OpenedTrace(other=document.get("otherData", {}))
-    for event in document["traceEvents"]:
-        ph, pid, tid = event["ph"], event["pid"], event["tid"]
-        assert isinstance(pid, int) and isinstance(tid, int)
-        if ph == "M":
-            if event["name"] == "process_name":
-                assert pid not in opened.process_names
-                opened.process_names[pid] = event["args"]["name"]
-            elif event["name"] == "process_labels":
-                opened.process_labels[pid] = event["args"]["labels"]
-            elif event["name"] == "thread_name":
-                assert (pid, tid) not in opened.thread_names
-                opened.thread_names[(pid, tid)] = event["args"]["name"]
-            continue
-        assert isinstance(event["ts"], (int, float)) and event["ts"] >= 0
-        if ph == "X":
-            assert event["dur"] >= 0
-            start = ns(event["ts"])
-            opened.slices[(pid, tid)].append(Slice(start, start + ns(event["dur"]), event))
-        elif ph == "i":
-            assert event["s"] in ("g", "p", "t")
-            opened.instants.append(event)
-        elif ph in ("s", "f"):
-            assert ph not in opened.flows[event["id"]], f"flow {event['id']} has two {ph} events"
-            opened.flows[event["id"]][ph] = event
-            # bound as a viewer reading the file in order binds it: to the track's latest slice, if open then
-            latest = opened.slices[(pid, tid)][-1] if opened.slices[(pid, tid)] else None
-            at = ns(event["ts"])
-            opened.bound[id(event)] = latest if latest and latest.start_ns <= at <= latest.end_ns else None
-        else:
-            raise AssertionError(f"unexpected phase {ph}")
-    return opened
-
-
-def enclosing(opened: OpenedTrace, event: dict) -> Slice | None:
-    return opened.bound[id(event)]
 
 
 @pytest.fixture(scope="module", params=JOBS)
@@ -115,13 +48,7 @@ def test_every_track_is_named_and_its_slices_nest(exported):
     used |= {(e["pid"], e["tid"]) for flow in opened.flows.values() for e in flow.values()}
     assert used <= set(opened.thread_names) and {pid for pid, _ in used} <= set(opened.process_names)
     for track, slices in opened.slices.items():
-        stack: list[Slice] = []
-        for current in sorted(slices, key=lambda s: (s.start_ns, -s.end_ns)):
-            while stack and stack[-1].end_ns <= current.start_ns and stack[-1].start_ns < current.start_ns:
-                stack.pop()
-            assert not stack or current.end_ns <= stack[-1].end_ns, (
-                f"{opened.thread_names[track]}: {current.event} overlaps {stack[-1].event} without nesting")
-            stack.append(current)
+        assert slices_nest(slices), opened.thread_names[track]
 
 
 def test_message_events_are_the_rows_of_messages_parquet_at_each_end(exported):

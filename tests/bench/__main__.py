@@ -70,7 +70,7 @@ def _module_section(module: str):
 
 SECTIONS = {"startup": _module_section("tests.bench.startup"), "decode": _module_section("tests.bench.decode"),
             "job": _module_section("tests.bench.job_decode"), "hotpath": section_hotpath,
-            **{name: _module_section(f"tests.bench.{name}") for name in ("analysis", "capture", "dask")}}
+            **{name: _module_section(f"tests.bench.{name}") for name in ("analysis", "capture", "dask", "inputs")}}
 
 
 def main() -> None:

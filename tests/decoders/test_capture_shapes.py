@@ -76,3 +76,16 @@ def test_a_job_directory_with_an_empty_capture_still_decodes_its_other_captures(
     summary = json.loads(result.stdout)
     assert summary["messages_by_protocol"]["pslite"] > 0
     assert any("the file is empty" in warning for warning in summary["warnings"])
+
+
+def test_a_job_of_no_capture_builds_empty_tables_with_every_column():
+    """decoders.job.build_dataset of nothing (what the Python API and the engines may hand it): the contract's
+    tables, empty, with their columns."""
+    from dlcsniff.decoders.job import build_dataset
+    from dlcsniff.decoders.schema import MESSAGES_SCHEMA, STREAMS_SCHEMA
+    dataset = build_dataset([])
+    assert {name: table.num_rows for name, table in dataset.tables.items()} == dict.fromkeys(
+        ("streams", "zmtp", "messages", "nodes", "collectives"), 0)
+    assert dataset.tables["streams"].schema.names[:len(STREAMS_SCHEMA)] == STREAMS_SCHEMA.names
+    assert dataset.tables["messages"].schema.names[:len(MESSAGES_SCHEMA)] == MESSAGES_SCHEMA.names
+    assert dataset.summary["packets"] == 0 and not dataset.summary["dl_traffic"]

@@ -14,8 +14,9 @@ from dlcsniff.decoders.capture_decoder import decode_capture
 from dlcsniff.decoders.inputs import capture_file, record_walk
 from tests.conftest import PCAPS
 
-BUNDLED = sorted(PCAPS.glob("*/*.pcap*"))
+BUNDLED = sorted(p for p in PCAPS.rglob("*.pcap*") if p.name.endswith((".pcap", ".pcap.gz")))
 PCAP_HEADER_BYTES = 24
+PCAP_MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d")
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,10 @@ def test_the_compiled_walk_is_the_one_in_use(compiled):
     assert capture_file.pcap_offsets is record_walk.pcap_offsets
 
 
-@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", BUNDLED, ids=lambda p: str(p.relative_to(PCAPS)))
 def test_every_bundled_capture_walks_alike_cut_anywhere(compiled, path):
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    assert data[:4] in PCAP_MAGICS, f"{path} is no pcap: walk it with epb_offsets"
     big_endian = data[:4] in (b"\xa1\xb2\xc3\xd4", b"\xa1\xb2\x3c\x4d")
     ours, reference = both(compiled, "pcap_offsets", data, PCAP_HEADER_BYTES, big_endian)
     assert ours == reference

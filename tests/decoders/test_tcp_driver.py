@@ -33,7 +33,7 @@ from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES, ZmtpDecoder
 from tests.conftest import PCAPS
 from tests.support.zmtp_tap import Gap, command, drain, frame, greeting_v3, message, random_chunks
 
-JOBS = sorted(p.name for p in PCAPS.iterdir() if p.is_dir())
+JOBS = sorted({str(p.parent.relative_to(PCAPS)) for p in PCAPS.rglob("*.pcap*")})    # every folder of captures
 SOURCE = PCAPS / "mxnet_sync_large" / "worker0.pcap.gz"     # multi-segment tensors, SLL2 (tcpdump -i any)
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders import tcp_driver
-from dlcsniff.decoders.inputs.capture_file import open_capture
+from dlcsniff.decoders.inputs.capture_file import RecordBatch, open_capture
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                                       LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW)
 from tests.conftest import PCAPS
@@ -38,12 +38,12 @@ def assert_same_headers(buf, start: np.ndarray, caplen: np.ndarray, linktype) ->
     return len(ours.index)
 
 
-@pytest.mark.parametrize("path", sorted(PCAPS.glob("*/*.pcap*")), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", sorted(PCAPS.rglob("*.pcap*")), ids=lambda p: str(p.relative_to(PCAPS)))
 def test_every_batch_of_every_bundled_capture_reads_alike(path):
     with open_capture(path) as reader:
         for batch in reader.batches():
-            start, caplen, _, linktype = tcp_driver._record_columns(batch)
-            assert_same_headers(batch.buf, start, caplen, linktype)
+            if batch.__class__ is RecordBatch and (columns := batch.columns()) is not None:
+                assert_same_headers(batch.buf, columns.data_start, columns.caplen, columns.linktype)
 
 
 LINKS = [LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, LINKTYPE_NULL, LINKTYPE_LOOP, LINKTYPE_RAW,

@@ -76,7 +76,7 @@ def _job_inputs(decode_dir):
     """What the timeline is computed from, read back from a decode output."""
     from dlcsniff.analysis.load import read_columns
     from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS
-    return (read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS, protocol="pslite"),
+    return (read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
             read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
             read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))
 
@@ -174,7 +174,7 @@ ROLES = {SCHEDULER: "scheduler", WORKER: "worker", SERVER: "server", OTHER_WORKE
 
 def message(capture: str, sender: int, recver: int, ps_timestamp: int, ts: int, *, request: bool = True) -> dict:
     """A push (request or response) as `capture` saw it, at T0 + ts, 100 ns long on the wire."""
-    return {"capture": capture, "flow_id": hash((capture, sender, recver)) % 2**31, "ts_first_ns": T0 + ts,
+    return {"protocol": "pslite", "capture": capture, "flow_id": hash((capture, sender, recver)) % 2**31, "ts_first_ns": T0 + ts,
             "ts_last_ns": T0 + ts + 100, "sender_id": sender, "recver_id": recver, "sender_role": ROLES[sender],
             "recver_role": ROLES[recver], "request": request, "push": True, "pull": False, "simple_app": False,
             "ps_timestamp": ps_timestamp, "head": 0, "app_id": 0, "customer_id": 0, "control_cmd": None,

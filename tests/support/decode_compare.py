@@ -26,14 +26,16 @@ MANIFEST_KEY = b"dlcsniff.manifest"
 
 
 def bundled_jobs() -> list[Path]:
-    return sorted(p for p in PCAPS.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """Every directory of pcaps/ that holds captures (pcaps/realcaps has them a level or two deeper)."""
+    return sorted({p.parent for p in PCAPS.rglob("*.pcap*") if not any(part.startswith(".") for part in p.parts)})
 
 
 def decode_all(out_root: Path, jobs: list[Path] | None = None, env: dict | None = None) -> list[Path]:
-    """`dlcsniff decode JOB --out OUT_ROOT/<job> --force` for every job (default: every job in pcaps/)."""
+    """`dlcsniff decode JOB --out OUT_ROOT/<job's path in pcaps/> --force` for every job (default: every job in
+    pcaps/)."""
     outs = []
     for job in jobs or bundled_jobs():
-        out = Path(out_root) / job.name
+        out = Path(out_root) / job.relative_to(PCAPS)
         subprocess.run([str(DLCSNIFF), "-q", "decode", str(job), "--out", str(out), "--force"], check=True,
                        env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
         outs.append(out)
@@ -77,9 +79,9 @@ def compare_dirs(a: Path, b: Path) -> list[str]:
 
 
 def compare_roots(a_root: Path, b_root: Path) -> dict[str, list[str]]:
-    """Per job directory (in either root): its differences."""
-    jobs = sorted({p.name for p in Path(a_root).iterdir() if p.is_dir()}
-                  | {p.name for p in Path(b_root).iterdir() if p.is_dir()})
+    """Per decode output (a directory with a manifest.json, in either root): its differences."""
+    jobs = sorted({str(p.parent.relative_to(root)) for root in (Path(a_root), Path(b_root))
+                   for p in root.rglob("manifest.json")})
     return {job: compare_dirs(Path(a_root) / job, Path(b_root) / job) for job in jobs}
 
 

@@ -41,7 +41,8 @@ class TcpConnection:
 
 
 class TcpCapture:
-    """Ethernet/IPv4/TCP frames on a microsecond clock; `frames` may be edited (dropped) before `write`."""
+    """Ethernet/IPv4/TCP frames on a microsecond clock; `frames` may be edited (dropped) before `write`. A
+    frame is (ts_us, bytes) or (ts_us, bytes kept, wire length) for a packet the capture cut short."""
 
     def __init__(self, mss: int = 8960, seed: int = 1):
         self.mss = mss
@@ -98,9 +99,10 @@ class TcpCapture:
     def write(self, path: Path, drop: set[int] = frozenset()) -> Path:
         writer = PcapWriter(str(path), linktype=1, sync=False)
         writer.write_header(None)
-        for index, (ts_us, frame) in enumerate(self.frames):
+        for index, (ts_us, frame, *wire) in enumerate(self.frames):
             if index not in drop:
-                writer.write_packet(frame, sec=ts_us // 1_000_000, usec=ts_us % 1_000_000)
+                writer.write_packet(frame, sec=ts_us // 1_000_000, usec=ts_us % 1_000_000, caplen=len(frame),
+                                    wirelen=wire[0] if wire else len(frame))
         writer.close()
         return path
 

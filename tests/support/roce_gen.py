@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import random
 import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,19 @@ def crc32_bitwise(data: bytes, crc: int = 0) -> int:
         for _ in range(8):
             crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
     return crc ^ 0xFFFFFFFF
+
+
+def ipv4_icrc(ip: bytes, udp_and_transport: bytes) -> int:
+    """RoCEv2 over IPv4 ICRC: 8 bytes of ones (for the LRH), the IP header with TOS, TTL and checksum set to
+    ones, the UDP header with its checksum set to ones, the BTH with its FECN/BECN/resv6 byte set to ones,
+    the rest (ICRC excluded)."""
+    masked_ip = bytearray(ip)
+    masked_ip[1] = masked_ip[8] = 0xFF
+    masked_ip[10:12] = b"\xff\xff"
+    masked = bytearray(udp_and_transport)
+    masked[6:8] = b"\xff\xff"
+    masked[8 + 4] = 0xFF
+    return zlib.crc32(bytes(masked), zlib.crc32(bytes(masked_ip), zlib.crc32(b"\xff" * 8)))
 
 
 def grh_icrc(grh_and_transport: bytes) -> int:
@@ -116,12 +130,30 @@ class RoceCapture:
 
 # -- building packets ------------------------------------------------------------------------------
 
+_ETHER_IPV4 = bytes.fromhex("020000000102" "020000000101" "0800")
+_IPV4_HEADER = struct.Struct("!BBHHHBBH4s4s")
+_UDP_BTH = struct.Struct("!HHHHBBHII")
+
+
+def _ipv4_checksum(header: bytes) -> int:
+    total = sum(struct.unpack("!10H", header))
+    total = (total & 0xFFFF) + (total >> 16)
+    return ~((total & 0xFFFF) + (total >> 16)) & 0xFFFF
+
+
 class RoceWire:
-    """RoCE frames of one network flavour, appended to a TcpCapture's frames on its clock."""
+    """RoCE frames of one network flavour, appended to a TcpCapture's frames on its clock.
+
+    `snap_payload`: keep at most this many payload bytes of a packet in the capture (a snaplen: the frame
+    keeps its wire length, the ICRC and the rest are not captured). With it, IPv4 frames are packed here with
+    struct (scapy is too slow for the hundreds of thousands of packets of a 64 MB collective), from the same
+    header layouts, the ICRC of whole ones computed by `ipv4_icrc` (the IBTA definition, as scapy's
+    contrib/roce.py computes it)."""
 
     def __init__(self, cap: TcpCapture, truth: RoceCapture, network: str, trailer: bytes = b"",
-                 vlan: int | None = None):
+                 vlan: int | None = None, snap_payload: int | None = None):
         self.cap, self.truth, self.network, self.trailer = cap, truth, network, trailer
+        self.snap_payload = snap_payload
         ether = Ether(src="02:00:00:00:01:01", dst="02:00:00:00:01:02")
         self.ether = ether if vlan is None else ether / Dot1Q(vlan=vlan, prio=3)   # RoCE's PFC priority
         self.hosts: dict[str, str] = {}
@@ -144,18 +176,20 @@ class RoceWire:
                becn: bool = False) -> None:
         """Put one packet on the wire; `capture` False: the capture does not record it (but it happened)."""
         pad = -len(payload) % 4
-        bth = BTH(opcode=opcode, dqpn=dest_qp, psn=psn & 0xFFFFFF, padcount=pad, becn=int(becn),
-                  ackreq=int(opcode < 0x0C))
-        transport = bth
-        for header in headers:
-            transport = transport / header
-        if payload or pad:
-            transport = transport / Raw(payload + b"\x00" * pad)
         self.cap.now_us += 3
         stream = self.stream(src, dst, dest_qp)
         if not capture:
             return
         stream.packets += 1
+        if self.snap_payload is not None and self.network == "ipv4" and not bad_icrc and not self.trailer:
+            self._packed_frame(src, dst, dest_qp, opcode, psn, headers, payload, pad, ecn_ce, becn)
+            return
+        transport = BTH(opcode=opcode, dqpn=dest_qp, psn=psn & 0xFFFFFF, padcount=pad, becn=int(becn),
+                        ackreq=int(opcode < 0x0C))
+        for header in headers:
+            transport = transport / header
+        if payload or pad:
+            transport = transport / Raw(payload + b"\x00" * pad)
         if self.network == "grh":
             grh = GRH(tclass=0x03 if ecn_ce else 0x02, flowlabel=0x12345, nexthdr=0x1B, hoplmt=64,
                       sgid=int.from_bytes(self.gid(src), "big"), dgid=int.from_bytes(self.gid(dst), "big"))
@@ -179,6 +213,25 @@ class RoceWire:
         self.cap.frames.append((self.cap.now_us, frame + self.trailer))
         if bad_icrc:
             stream.bad_icrc += 1
+
+    def _packed_frame(self, src: str, dst: str, dest_qp: int, opcode: int, psn: int, headers: list[Packet],
+                      payload: bytes, pad: int, ecn_ce: bool, becn: bool) -> None:
+        """An IPv4 RoCEv2 frame, whole or, past `snap_payload` payload bytes, cut by the capture."""
+        extension = b"".join(bytes(h) for h in headers)
+        transport_bytes = 12 + len(extension) + len(payload) + pad + 4            # BTH ... ICRC
+        ip_len = 20 + 8 + transport_bytes
+        ip = _IPV4_HEADER.pack(0x45, 0x03 if ecn_ce else 0x02, ip_len, 1, 0x4000, 64, 17, 0,
+                               ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed)
+        ip = ip[:10] + struct.pack("!H", _ipv4_checksum(ip)) + ip[12:]
+        udp_bth = _UDP_BTH.pack(0xC000 | (dest_qp & 0x3FFF), ROCE_PORT, 8 + transport_bytes, 0, opcode,
+                                pad << 4, 0xFFFF, (becn << 30) | (dest_qp & 0xFFFFFF),
+                                (int(opcode < 0x0C) << 31) | (psn & 0xFFFFFF))
+        if len(payload) > self.snap_payload:
+            frame = _ETHER_IPV4 + ip + udp_bth + extension + payload[:self.snap_payload]
+            self.cap.frames.append((self.cap.now_us, frame, 14 + ip_len))
+            return
+        body = udp_bth + extension + payload + bytes(pad)
+        self.cap.frames.append((self.cap.now_us, _ETHER_IPV4 + ip + body + struct.pack("<I", ipv4_icrc(ip, body))))
 
     def ack(self, responder: str, requester: str, requester_qp: int, psn: int, msn: int,
             syndrome: int = ACK_SYNDROME) -> None:
@@ -301,10 +354,22 @@ def cts_entries(layout: str, entries: list[dict]) -> bytes:
     return out
 
 
+def host_order_imm(size: int) -> int:
+    """The ImmDt (read big-endian, as decoders and tshark report it) that carries `size` the way NCCL sends it:
+    imm_data = size, no htonl (net_ib.cc ncclIbMultiSend), i.e. little-endian bytes from an x86 host."""
+    return int.from_bytes(size.to_bytes(4, "little"), "big")
+
+
 class NcclIbConnection:
-    """One NCCL net-IB connection: the sender's data QP writing to the receiver, the receiver's CTS writes."""
+    """One NCCL net-IB connection: the sender's data QP writing to the receiver, the receiver's CTS writes.
+
+    `offer` is the receiver's CTS for the next FIFO slot (NCCL posts them ahead of the data, up to NCCL_STEPS
+    steps: net.cc recvProxyProgress); `transfer` one isend into the oldest buffer offered (offered then if
+    none is). The entry lands in FIFO slot (idx - 1) mod 256 (2.20: NCCL_NET_MAX_REQUESTS *
+    NCCL_NET_IB_MAX_RECVS entries of 8 receives)."""
 
     STEPS = 8
+    FIFO_SLOTS = 256
 
     def __init__(self, wire: RoceWire, sender: str, receiver: str, sender_rank: int, sender_qp: int,
                  receiver_qp: int, layout: str, rng: random.Random, step_bytes: int = 1 << 16):
@@ -316,35 +381,59 @@ class NcclIbConnection:
         self.buffer_addr, self.buffer_rkey = 0x7F20_0000_0000 + rng.getrandbits(20) * 4096, rng.getrandbits(32) | 1
         self.cmpl_addr, self.cmpl_rkey = 0x7F30_0000_0000 + rng.getrandbits(20) * 4096, rng.getrandbits(32) | 1
         self.fifo_head = 0
+        self.offered: list[tuple[int, int, list[dict]]] = []     # CTS written, data not yet
         self.entry_bytes = 32 if layout == "2.12" else 64
         wire.stream(sender, receiver, receiver_qp).src_rank = sender_rank    # the CTS tag names the sender
         wire.stream(receiver, sender, sender_qp).dst_rank = sender_rank
 
-    def transfer(self, sizes: list[int], *, adaptive_routing: bool = False, **loss) -> None:
-        """One isend (len(sizes) == 1) or a multi-receive; `loss` applies to the first data write."""
+    def offer(self, nreqs: int = 1, size: int | None = None) -> None:
+        """The receiver's CTS for the next FIFO slot, offering `size` bytes per receive (default: a step)."""
         self.fifo_head += 1
-        idx, slot = self.fifo_head, self.fifo_head % 32
+        idx = self.fifo_head
+        slot = (idx - 1) % self.FIFO_SLOTS
         step = (idx - 1) % self.STEPS
-        entries = [{"addr": self.buffer_addr + step * self.step_bytes + r * (self.step_bytes // 4),
-                    "size": self.step_bytes // len(sizes), "rkeys": [self.buffer_rkey], "nreqs": len(sizes),
-                    "tag": self.sender_rank, "idx": idx} for r in range(len(sizes))]
+        size = self.step_bytes // nreqs if size is None else size
+        entries = [{"addr": self.buffer_addr + step * self.step_bytes * 2 + r * (self.step_bytes // 4),
+                    "size": size, "rkeys": [self.buffer_rkey], "nreqs": nreqs,
+                    "tag": self.sender_rank, "idx": idx} for r in range(nreqs)]
         self.cts.message("WRITE", cts_entries(self.layout, entries),
                          va=self.fifo_addr + slot * 8 * self.entry_bytes, rkey=self.fifo_rkey,
                          nccl_role="cts", nccl_tag=self.sender_rank, nccl_fifo_idx=idx,
                          nccl_sizes=[e["size"] for e in entries])
+        self.offered.append((idx, slot, entries))
+
+    def transfer(self, sizes: list[int], *, adaptive_routing: bool = False, payload: bytes | None = None,
+                 **loss) -> None:
+        """One isend (len(sizes) == 1, of `payload` if given) or a multi-receive; `loss` applies to the first
+        data write. An empty send is a 0-byte write with immediate 0 (ncclIbMultiSend, num_sge 0)."""
+        if not self.offered:
+            self.offer(len(sizes))
+        idx, slot, entries = self.offered.pop(0)
         role = {"nccl_role": "data", "nccl_tag": self.sender_rank, "nccl_fifo_idx": idx}
         if len(sizes) == 1 and not adaptive_routing:
-            self.data.message("WRITE", self.rng.randbytes(sizes[0]), va=entries[0]["addr"], rkey=self.buffer_rkey,
-                              imm=sizes[0], nccl_bytes=sizes[0], **role, **loss)
+            data = self.rng.randbytes(sizes[0]) if payload is None else payload
+            self.data.message("WRITE", data, va=entries[0]["addr"], rkey=self.buffer_rkey,
+                              imm=host_order_imm(sizes[0]), nccl_bytes=sizes[0], **role, **loss)
             return
         for r, size in enumerate(sizes):
             self.data.message("WRITE", self.rng.randbytes(size), va=entries[r]["addr"], rkey=self.buffer_rkey,
                               **role, **(loss if r == 0 else {}))
         if len(sizes) == 1:          # adaptive routing: the immediate travels in an empty write
-            self.data.message("WRITE", b"", va=0, rkey=0, imm=sizes[0], nccl_bytes=sizes[0], **role)
+            self.data.message("WRITE", b"", va=0, rkey=0, imm=host_order_imm(sizes[0]), nccl_bytes=sizes[0],
+                              **role)
         else:
             self.data.message("WRITE", struct.pack(f"<{len(sizes)}i", *sizes), va=self.cmpl_addr + slot * 32,
                               rkey=self.cmpl_rkey, imm=sizes[0], nccl_sizes=list(sizes), **role)
+
+    def set_up(self, client_port: int, listen_port: int) -> None:
+        """NCCL's IB set-up connection (the sender connects: magic + type 4, then each side its metadata)."""
+        cap = self.wire.cap
+        setup = cap.connect((self.data.src, client_port), (self.data.dst, listen_port))
+        cap.send(setup, struct.pack("<Qi", NCCL_SOCKET_MAGIC, TYPE_NET_IB))
+        cap.send(setup, self.setup_metadata("sender"))
+        cap.send(setup, self.setup_metadata("receiver"), from_client=False)
+        cap.send(setup, struct.pack("<i", 1))
+        cap.close(setup)
 
     def setup_metadata(self, side: str) -> bytes:
         """What each side sends on the set-up connection (master's layout, which the decoder does not parse):
