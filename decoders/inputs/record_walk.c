@@ -31,9 +31,14 @@ static uint32_t read_u32(const unsigned char *p, int big_endian)
     return ((uint32_t)p[3] << 24) | ((uint32_t)p[2] << 16) | ((uint32_t)p[1] << 8) | (uint32_t)p[0];
 }
 
+typedef Py_ssize_t (*next_record)(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int big_endian,
+                                  uint64_t interfaces);
+
 /* The next pcap record's start after the one at pos, or -1 when the one at pos is not whole in [0, end). */
-static Py_ssize_t pcap_next(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int big_endian)
+static Py_ssize_t pcap_next(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int big_endian,
+                            uint64_t interfaces)
 {
+    (void)interfaces;
     if (end - pos < PCAP_RECORD_HEADER_BYTES)
         return -1;
     uint32_t caplen = read_u32(b + pos + 8, big_endian);
@@ -42,6 +47,7 @@ static Py_ssize_t pcap_next(const unsigned char *b, Py_ssize_t pos, Py_ssize_t e
     return pos + PCAP_RECORD_HEADER_BYTES + (Py_ssize_t)caplen;
 }
 
+/* The next block's start after the enhanced packet block at pos, or -1 when that one is not well-formed. */
 static Py_ssize_t epb_next(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int big_endian,
                            uint64_t interfaces)
 {
@@ -58,23 +64,33 @@ static Py_ssize_t epb_next(const unsigned char *b, Py_ssize_t pos, Py_ssize_t en
     return pos + (Py_ssize_t)block_len;
 }
 
-/* Two passes over the headers (count, then fill): the offsets come out in one bytes object of their size. */
-#define WALK(NEXT, ...)                                                                          \
-    do {                                                                                         \
-        Py_ssize_t count = 0, at = pos, next;                                                    \
-        while ((next = NEXT(b, at, end, __VA_ARGS__)) >= 0) {                                    \
-            count++;                                                                             \
-            at = next;                                                                           \
-        }                                                                                        \
-        offsets = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));          \
-        if (offsets == NULL)                                                                     \
-            break;                                                                               \
-        int64_t *out = (int64_t *)PyBytes_AS_STRING(offsets);                                    \
-        for (Py_ssize_t i = 0; i < count; i++) {                                                 \
-            out[i] = (int64_t)pos;                                                               \
-            pos = NEXT(b, pos, end, __VA_ARGS__);                                                \
-        }                                                                                        \
-    } while (0)
+/* (offsets, pos) of the walk from pos with `next` (releases view). Two passes over the headers, to count and
+ * to fill: the offsets come out in one bytes object of their size. */
+static PyObject *walk(Py_buffer *view, Py_ssize_t pos, next_record next, int big_endian, uint64_t interfaces)
+{
+    const unsigned char *b = view->buf;
+    Py_ssize_t end = view->len, count = 0, at = pos, following;
+    PyObject *offsets = NULL;
+    if (pos < 0 || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        goto done;
+    }
+    while ((following = next(b, at, end, big_endian, interfaces)) >= 0) {
+        count++;
+        at = following;
+    }
+    offsets = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    if (offsets == NULL)
+        goto done;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(offsets);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        out[i] = (int64_t)pos;
+        pos = next(b, pos, end, big_endian, interfaces);
+    }
+done:
+    PyBuffer_Release(view);
+    return offsets == NULL ? NULL : Py_BuildValue("(Nn)", offsets, pos);
+}
 
 static PyObject *pcap_offsets(PyObject *self, PyObject *args)
 {
@@ -83,18 +99,7 @@ static PyObject *pcap_offsets(PyObject *self, PyObject *args)
     int big_endian;
     if (!PyArg_ParseTuple(args, "y*np", &view, &pos, &big_endian))
         return NULL;
-    const unsigned char *b = view.buf;
-    Py_ssize_t end = view.len;
-    PyObject *offsets = NULL;
-    if (pos < 0 || pos > end) {
-        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
-    } else {
-        WALK(pcap_next, big_endian);
-    }
-    PyBuffer_Release(&view);
-    if (offsets == NULL)
-        return NULL;
-    return Py_BuildValue("(Nn)", offsets, pos);
+    return walk(&view, pos, pcap_next, big_endian, 0);
 }
 
 static PyObject *epb_offsets(PyObject *self, PyObject *args)
@@ -105,18 +110,7 @@ static PyObject *epb_offsets(PyObject *self, PyObject *args)
     unsigned long long interfaces;
     if (!PyArg_ParseTuple(args, "y*npK", &view, &pos, &big_endian, &interfaces))
         return NULL;
-    const unsigned char *b = view.buf;
-    Py_ssize_t end = view.len;
-    PyObject *offsets = NULL;
-    if (pos < 0 || pos > end) {
-        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
-    } else {
-        WALK(epb_next, big_endian, (uint64_t)interfaces);
-    }
-    PyBuffer_Release(&view);
-    if (offsets == NULL)
-        return NULL;
-    return Py_BuildValue("(Nn)", offsets, pos);
+    return walk(&view, pos, epb_next, big_endian, (uint64_t)interfaces);
 }
 
 static PyMethodDef methods[] = {
