@@ -4,9 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
 # chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
-# python3-simgrid: `dlcsniff simulate`'s SimGrid; clang: the capture daemon's BPF tests
+# python3-simgrid: `dlcsniff simulate`'s SimGrid; clang: the capture daemon's BPF tests; gcc, libc6-dev, python3-dev:
+# the decoders' C extensions
 APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
-	linux-headers-amd64 chromium python3-simgrid clang
+	linux-headers-amd64 chromium python3-simgrid clang gcc libc6-dev python3-dev
+# C sources pip builds into the package (pyproject.toml: ext-modules), each with a pure-Python fallback
+C_SOURCES := decoders/inputs/record_walk.c decoders/tcp_headers.c
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -34,10 +37,13 @@ sys:
 	$(call apt_install,$(APT_PACKAGES))
 	@command -v chromium >/dev/null || { echo "chromium is missing after apt-get install chromium: the report's browser tests need it" >&2; exit 1; }
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(C_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
+	# the compiled parts are optional to pip (each has a fallback), not to `make setup`: say so if one failed
+	$(VENV)/bin/python -c 'import dlcsniff.decoders.inputs._record_walk, dlcsniff.decoders._tcp_headers' || \
+	  { echo "a C extension ($(C_SOURCES)) did not build: see pip's output above" >&2; exit 1; }
 	# MLCommons' own Chakra reader, the tests' independent check of our .et writer. --no-deps: its declared
 	# dependencies pull in ~70 packages (HTA, Jupyter); its schema and reader need only protobuf.
 	$(VENV)/bin/pip install -q --no-deps mlc-chakra==1.0.0

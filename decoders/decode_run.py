@@ -16,7 +16,6 @@ from typing import Callable, Iterable, Literal, Sequence
 from dlcsniff.decoders.inputs.capture_set import ProgressFn, expand_inputs
 from dlcsniff.decoders.inputs.selection import PacketSelection
 from dlcsniff.decoders.job import DecodedJob, decode_paths, prepare_inputs
-from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.output_dir import InputDigests, claim_output_dir
 
 Engine = Literal["pandas", "dask"]
@@ -61,6 +60,9 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
     else:
         dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection)
     decoded = time.monotonic()
+    # loaded only now: the writer brings pyarrow and pandas, which forked workers let load while they decode
+    from dlcsniff.decoders.output import write_decode_output
+
     # The tables, and one timeline for the job: a message seen at both ends becomes one event
     # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
     job_view = write_decode_output(dataset, out_dir, inputs=digests.result(), command=command)

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from dlcsniff.decoders.compiled import compiled_module
 from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, struct_rows
 from dlcsniff.decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, RST,
@@ -36,6 +37,7 @@ from dlcsniff.decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4
 from dlcsniff.decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler, TcpStream
 
 _SEQ_MASK = SEQ_MODULUS - 1
+_COMPILED_HEADERS = compiled_module("dlcsniff.decoders._tcp_headers")
 # An acknowledgement this close to a stream's next byte names the same stream offset whenever, within one
 # batch, it is read (a batch moves a stream by far less than the rest of 2^31).
 _ACK_SANE_DISTANCE = 1 << 29
@@ -169,9 +171,25 @@ def _link(u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype: int) 
 
 
 class _Headers:
-    """The TCP segments the vectorised reader is sure of, in batch order (arrays indexed alike)."""
+    """The TCP segments the vectorised reader is sure of, in batch order (arrays indexed alike). Read by the
+    compiled reader (decoders/tcp_headers.c) when it is built, else with numpy (`numpy=True` asks for it)."""
 
-    def __init__(self, u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype):
+    def __init__(self, u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype, *, numpy: bool = False):
+        if _COMPILED_HEADERS is not None and not numpy:
+            self._read_compiled(u8, start, caplen, linktype)
+        else:
+            self._read_numpy(u8, start, caplen, linktype)
+
+    def _read_compiled(self, u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype) -> None:
+        per_packet = b"" if isinstance(linktype, int) else np.ascontiguousarray(linktype, dtype=np.int64)
+        fields = _COMPILED_HEADERS.read(u8, np.ascontiguousarray(start, dtype=np.int64),
+                                        np.ascontiguousarray(caplen, dtype=np.int64),
+                                        linktype if isinstance(linktype, int) else -1, per_packet)
+        (self.index, self.sport, self.dport, self.seq, self.ack, self.flags, self.payload_start, self.payload_len,
+         self.wire_len) = (np.frombuffer(field, dtype=np.int64) for field in fields[:-1])
+        self.key = np.frombuffer(fields[-1], dtype=np.uint64).reshape(-1, 5)
+
+    def _read_numpy(self, u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype) -> None:
         n = len(start)
         if isinstance(linktype, int):
             version, link_len = _link(u8, start, caplen, linktype)
@@ -240,6 +258,19 @@ class _Headers:
             key[:, column] = ip[name]
         key[:, 4] = 6 << 32
         return idx, ip_at[idx] + 40, payload_len, key
+
+
+def _prefix_sums(values: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's running sums from 0 (values cut into groups by bounds): group g's are
+    sums[at[g]:at[g + 1]], one more than its values."""
+    total = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=total[1:])
+    sizes = np.diff(bounds) + 1
+    at = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=at[1:])
+    starts = np.repeat(bounds[:-1], sizes)
+    index = starts + np.arange(at[-1]) - np.repeat(at[:-1], sizes)
+    return total[index] - total[starts], at
 
 
 def _address(hi: int, lo: int, version: int) -> bytes:
@@ -369,35 +400,47 @@ class _Batch:
 
     def _index_flows(self, h: _Headers, vectorised: np.ndarray) -> None:
         """Per flow: its packets, payload prefix sums, and the positions that decide when it needs the
-        per-packet path (found once; the stream state they are held against is read at each sync)."""
+        per-packet path (found once; the stream state they are held against is read at each sync). Computed
+        for all flows at once over the packets sorted by flow, then cut into each flow's share."""
         n = self.n
         tcp_index = np.flatnonzero(self.flow_of >= 0)
         order = tcp_index[np.argsort(self.flow_of[tcp_index], kind="stable")]
-        bounds = np.searchsorted(self.flow_of[order], np.arange(len(self.flows) + 1))
+        flow_of = self.flow_of[order]
+        bounds = np.searchsorted(flow_of, np.arange(len(self.flows) + 1))
         flags, wire, captured, seq, ack = (np.zeros(n, dtype=np.int64) for _ in range(5))
         flags[h.index], wire[h.index], captured[h.index] = h.flags, h.wire_len, h.payload_len
         seq[h.index], ack[h.index] = h.seq, h.ack
+        position = np.arange(len(order)) - bounds[flow_of]          # of each packet in its flow's list
+        wire, flags = wire[order], flags[order]
+        cum, cum_bounds = _prefix_sums(wire, bounds)
+        cum_captured, _ = _prefix_sums(captured[order], bounds)
+        slow = np.flatnonzero(~vectorised[order] | (flags & (SYN | FIN | RST) != 0))
+        data = np.flatnonzero(wire > 0)
+        # a data segment not starting where its flow's previous one ended breaks the chain
+        d = order[data]
+        follows = seq[d[1:]] == (seq[d[:-1]] + wire[data[:-1]]) & _SEQ_MASK
+        breaks = data[1:][(flow_of[data[1:]] == flow_of[data[:-1]]) & ~follows]
+        acks = np.flatnonzero(flags & ACK)
+        ack_positions = position[acks]
+        ack_values = ack[order[acks]]
+        packets, cum_list, cum_captured_list = order.tolist(), cum.tolist(), cum_captured.tolist()
+        # each flow's share of a list: list[cuts[k]:cuts[k + 1]] for flow number k
+        (slow_list, slow_cuts), (data_list, data_cuts), (break_list, break_cuts) = (
+            (position[found].tolist(), np.searchsorted(found, bounds).tolist()) for found in (slow, data, breaks))
+        ack_list, ack_cuts = ack_positions.tolist(), np.searchsorted(acks, bounds).tolist()
+        bounds, cum_bounds = bounds.tolist(), cum_bounds.tolist()
         for flow in self.flows:
-            packets = order[bounds[flow.number]:bounds[flow.number + 1]]
-            flow.packets, flow.packets_np = packets.tolist(), packets
-            cum = np.zeros(len(packets) + 1, dtype=np.int64)
-            np.cumsum(wire[packets], out=cum[1:])
-            flow.cum, flow.cum_np = cum.tolist(), cum
-            cum_captured = np.zeros(len(packets) + 1, dtype=np.int64)
-            np.cumsum(captured[packets], out=cum_captured[1:])
-            flow.cum_captured = cum_captured.tolist()
-            f = flags[packets]
-            slow = ~vectorised[packets] | (f & (SYN | FIN | RST) != 0)
+            k = flow.number
+            first, last = bounds[k], bounds[k + 1]
+            flow.packets, flow.packets_np = packets[first:last], order[first:last]
+            flow.cum, flow.cum_np = cum_list[cum_bounds[k]:cum_bounds[k + 1]], cum[cum_bounds[k]:cum_bounds[k + 1]]
+            flow.cum_captured = cum_captured_list[cum_bounds[k]:cum_bounds[k + 1]]
             self_connection = flow.reverse == flow.number
-            flow.slow = list(range(len(packets))) if self_connection else np.flatnonzero(slow).tolist()
-            data = np.flatnonzero(wire[packets] > 0)
-            flow.data = data.tolist()
-            d = packets[data]
-            follows = seq[d[1:]] == (seq[d[:-1]] + wire[d[:-1]]) & _SEQ_MASK
-            flow.chain_breaks = data[1:][~follows].tolist()
-            acks = np.flatnonzero(f & ACK)
-            flow.acks, flow.acks_np = acks.tolist(), acks
-            flow.ack_values = ack[packets[acks]]
+            flow.slow = list(range(last - first)) if self_connection else slow_list[slow_cuts[k]:slow_cuts[k + 1]]
+            flow.data = data_list[data_cuts[k]:data_cuts[k + 1]]
+            flow.chain_breaks = break_list[break_cuts[k]:break_cuts[k + 1]]
+            flow.acks, flow.acks_np = ack_list[ack_cuts[k]:ack_cuts[k + 1]], ack_positions[ack_cuts[k]:ack_cuts[k + 1]]
+            flow.ack_values = ack_values[ack_cuts[k]:ack_cuts[k + 1]]
 
     def run(self) -> None:
         flows = self.flows

@@ -32,6 +32,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 import numpy as np
 
 from dlcsniff.decoders.errors import CaptureError
+from dlcsniff.decoders.inputs.record_walk import epb_offsets, pcap_offsets
 
 CHUNK_BYTES = 4 << 20
 # No capture tool writes a record near this size (libpcap's largest snaplen is 256 KiB); a larger length
@@ -468,18 +469,12 @@ class CaptureReader:
     def _pcap_records(self, buf: memoryview, layout: PcapRecords) -> Iterator[RecordBatch]:
         caplen_at = _PCAP_CAPLEN[layout.endian].unpack_from
         header_bytes = PCAP_RECORD_HEADER_BYTES
+        big_endian = layout.endian == ">"
         pos = _PCAP_HEADER_BYTES
         while True:
-            # The hot loop: find the records lying whole in this buffer.
+            # The hot loop: find the records lying whole in this buffer (decoders.inputs.record_walk).
             end = len(buf)
-            offsets = array("q")
-            append = offsets.append
-            while end - pos >= header_bytes:
-                data_end = pos + header_bytes + caplen_at(buf, pos)[0]
-                if data_end > end:
-                    break
-                append(pos)
-                pos = data_end
+            offsets, pos = pcap_offsets(buf, pos, big_endian)
             if offsets:
                 self.packets += len(offsets)
                 yield RecordBatch(buf, offsets, layout)
@@ -504,24 +499,13 @@ class CaptureReader:
         pos = 0
         endian = "<"
         block_header = struct.Struct("<II")
-        epb_checked = None
         section: list[SectionInterface] = []
         layout: EnhancedPacketBlocks | None = None
         last_ts_ns = 0
         while True:
             if layout is not None:
                 # The hot loop: well-formed enhanced packet blocks lying whole in this buffer.
-                end = len(buf)
-                interfaces = len(section)
-                offsets = array("q")
-                append = offsets.append
-                while end - pos >= 32:
-                    block_type, block_len, if_id, caplen = epb_checked(buf, pos)
-                    if (block_type != _EPB or block_len < 32 or block_len & 3 or block_len > end - pos
-                            or if_id >= interfaces or EPB_HEADER_BYTES + caplen > block_len - 4):
-                        break
-                    append(pos)
-                    pos += block_len
+                offsets, pos = epb_offsets(buf, pos, endian == ">", len(section))
                 if offsets:
                     self.packets += len(offsets)
                     batch = RecordBatch(buf, offsets, layout)
@@ -541,10 +525,9 @@ class CaptureReader:
                 if order is None:
                     self._stop_corrupt(pos, "section header without a valid byte-order magic")
                     return
-                if order != endian or epb_checked is None:
+                if order != endian:
                     endian = order
                     block_header = struct.Struct(endian + "II")
-                    epb_checked = _EPB_CHECKED[endian].unpack_from
                 section = []
                 layout = None
             block_len = block_header.unpack_from(buf, pos)[1]

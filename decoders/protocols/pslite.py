@@ -18,13 +18,11 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from google.protobuf.message import DecodeError as ProtobufDecodeError
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
 from dlcsniff.decoders.protocols.base import Count, ProtocolDecoderBase, Row, StreamColumns, TcpDirection
-from dlcsniff.decoders.protocols.pslite_meta import PBMeta
+from dlcsniff.decoders.protocols.pslite_meta import message_classes
 from dlcsniff.decoders.protocols.zmtp import Command, Message, ZmtpDecoder
 from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed
 
@@ -119,8 +117,10 @@ def _text(value: str | bytes) -> str:
 
 # -- dmlc/ps-lite: protobuf PBMeta -------------------------------------------------------------------------
 
-def _pb_meta(body: bytes | memoryview) -> PBMeta:
-    pb = PBMeta()
+def _pb_meta(body: bytes | memoryview):
+    from google.protobuf.message import DecodeError as ProtobufDecodeError
+
+    pb = message_classes()["PBMeta"]()
     try:
         pb.ParseFromString(body)
     except (ProtobufDecodeError, ValueError) as exc:
@@ -136,7 +136,7 @@ def _optional(message, name: str) -> int | None:
     return _unset(getattr(message, name)) if message.HasField(name) else None
 
 
-def _dmlc_meta(pb: PBMeta) -> PsMeta:
+def _dmlc_meta(pb) -> PsMeta:
     control = pb.control if pb.HasField("control") else None
     nodes = tuple(
         PsNode(role=n.role, id=_optional(n, "id"), hostname=_text(n.hostname), port=_optional(n, "port"),
@@ -168,10 +168,12 @@ def parse_dmlc_meta(body: bytes | memoryview) -> PsMeta:
     return _dmlc_meta(_pb_meta(body))
 
 
-def _is_pslite_shaped(pb: PBMeta, body: bytes | memoryview) -> bool:
+def _is_pslite_shaped(pb, body: bytes | memoryview) -> bool:
     """What every dmlc/ps-lite sender produces: Van::PackMeta has always set head, request, push and simple_app,
     and protobuf's serializer writes fields in number order with minimal varints, so a real meta re-encodes
     to exactly its own bytes and holds no field outside the schema."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
     return (all(pb.HasField(name) for name in ("head", "request", "push", "simple_app"))
             and len(UnknownFieldSet(pb)) == 0
             and pb.SerializeToString() == body)

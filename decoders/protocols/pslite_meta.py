@@ -4,15 +4,18 @@ The descriptor is assembled here from the field table below instead of compiling
 no protoc at build time and no generated code in the tree. Field numbers and types are those of
 dmlc/ps-lite at 34fd45c, the commit MXNet 1.9.1 pins (unchanged on dmlc/ps-lite master); `pull` (12) and
 `priority` (13) arrived in 2019, so older senders simply leave them unset.
+
+The message classes (PBNode, PBControl, PBMeta) are built on first use, not when the module is imported: a
+decode of captures without dmlc/ps-lite never loads protobuf.
 """
 from __future__ import annotations
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+import functools
 
-_F = descriptor_pb2.FieldDescriptorProto
-_OPTIONAL, _REQUIRED, _REPEATED = _F.LABEL_OPTIONAL, _F.LABEL_REQUIRED, _F.LABEL_REPEATED
-_INT32, _UINT64, _BOOL = _F.TYPE_INT32, _F.TYPE_UINT64, _F.TYPE_BOOL
-_STRING, _BYTES, _MESSAGE = _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_MESSAGE
+# FieldDescriptorProto's Label and Type numbers (descriptor.proto)
+_OPTIONAL, _REQUIRED, _REPEATED = 1, 2, 3
+_INT32, _UINT64, _BOOL = 5, 4, 8
+_STRING, _BYTES, _MESSAGE = 9, 12, 11
 
 # message name -> (field name, number, label, type, message type name, default) in meta.proto order
 _SCHEMA: dict[str, tuple[tuple, ...]] = {
@@ -49,7 +52,9 @@ _SCHEMA: dict[str, tuple[tuple, ...]] = {
 _PACKED = {("PBMeta", "data_type")}
 
 
-def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+def _file_descriptor():
+    from google.protobuf import descriptor_pb2
+
     proto = descriptor_pb2.FileDescriptorProto(name="ps/meta.proto", package="ps", syntax="proto2")
     proto.options.optimize_for = descriptor_pb2.FileOptions.LITE_RUNTIME
     for message_name, fields in _SCHEMA.items():
@@ -65,10 +70,19 @@ def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-# A private pool: another `ps/meta.proto` loaded into the default pool by some other library cannot clash.
-_POOL = descriptor_pool.DescriptorPool()
-_POOL.Add(_file_descriptor())
+@functools.cache
+def message_classes() -> dict[str, type]:
+    """The message classes by name (PBNode, PBControl, PBMeta), built once."""
+    from google.protobuf import descriptor_pool, message_factory
 
-PBNode = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBNode"))
-PBControl = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBControl"))
-PBMeta = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("ps.PBMeta"))
+    # A private pool: another `ps/meta.proto` loaded into the default pool by some other library cannot clash.
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file_descriptor())
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"ps.{name}")) for name in _SCHEMA}
+
+
+def __getattr__(name: str) -> type:
+    """`pslite_meta.PBMeta` and the others, built on first use (PEP 562)."""
+    if name in _SCHEMA:
+        return message_classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

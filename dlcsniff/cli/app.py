@@ -19,12 +19,14 @@ from dlcsniff import __version__
 
 
 class _FlagHelp:
-    """-h/--help is a flag like the others: no value placeholder in the help."""
+    """-h/--help is a flag like the others: no value placeholder in the help, and False when not given (typer
+    would otherwise coerce its missing value through pydantic, an import a run without --help may not need)."""
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
         if option is not None:
             option.metavar = ""
+            option.default = False
         return option
 
 

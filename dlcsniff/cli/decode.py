@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
 from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, detail, err, fail,
                               out, warn)
@@ -73,6 +71,7 @@ def decode(
         show = progress if progress is not None else total is None or total >= PROGRESS_MIN_BYTES
         if not show:
             return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
         bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True)
         bar.start()
@@ -106,6 +105,8 @@ def decode(
 
 
 def _print_decode_summary(summary: dict, tables: dict) -> None:
+    from rich.table import Table
+
     for warning in summary["warnings"]:
         warn(warning)
     selection = summary["selection"]
