@@ -3,6 +3,7 @@ register their commands when imported, in the order `--help` lists them: the dat
 from dlcsniff.cli import decode  # noqa: F401, I001
 from dlcsniff.cli import analyse  # noqa: F401
 from dlcsniff.cli import export  # noqa: F401
+from dlcsniff.cli import wireshark  # noqa: F401
 from dlcsniff.cli import capture  # noqa: F401
 from dlcsniff.cli.app import app
 
