@@ -66,6 +66,15 @@
 -- completes (holes never filled, messages cut by the capture's end) is not shown, and a node's first
 -- messages have no node ids.
 
+-- Installed as a plugin and given with -X lua_script too: the copy loaded first serves; say which (each
+-- script has an environment of its own, _G is the one they share).
+local this_script = debug.getinfo(1, "S").source:gsub("^@", "")
+if _G.dlcsniff_lua_script then
+    error(string.format("dlcsniff.lua is loaded already, from %s: %s is not used", _G.dlcsniff_lua_script,
+                        this_script))
+end
+_G.dlcsniff_lua_script = this_script
+
 local sbyte, ssub, sfind, sformat, concat = string.byte, string.sub, string.find, string.format, table.concat
 local floor, min, max = math.floor, math.min, math.max
 local band = bit32.band

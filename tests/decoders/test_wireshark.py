@@ -52,12 +52,19 @@ def _capture_name(path: Path) -> str:
     return path.name.split(".")[0]
 
 
-def _tshark_with_lua() -> str:
-    tshark = require_tool("tshark")
-    version = subprocess.run([tshark, "-v"], capture_output=True, text=True, check=True).stdout
+def _tshark_env(home: Path) -> dict[str, str]:
+    """Environment for tshark in a home of its own: no plugin or preference of the user's changes what it shows."""
+    return {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+
+
+@pytest.fixture(scope="module")
+def tshark(tmp_path_factory) -> tuple[str, dict[str, str]]:
+    """tshark, which must have Lua, and its environment."""
+    path = require_tool("tshark")
+    version = subprocess.run([path, "-v"], capture_output=True, text=True, check=True).stdout
     if "with Lua" not in version:
         pytest.fail("this tshark has no Lua: the dissector cannot run (Debian's tshark package has it)")
-    return tshark
+    return path, _tshark_env(tmp_path_factory.mktemp("home"))
 
 
 def _flow(src: str, sport: int, dst: str, dport: int) -> str:
@@ -74,11 +81,13 @@ def _int(value) -> int | None:
 
 # -- what tshark shows ---------------------------------------------------------------------------------
 
-def shown_rows(tshark: str, lua: Path, capture: Path) -> Rows:
+def shown_rows(tshark: tuple[str, dict], lua: Path, capture: Path) -> Rows:
     """The dissector's messages (`-T json`: one object per PDU), per kind and flow; times of the packets that
     carried their last bytes read from the capture itself."""
-    proc = subprocess.run([tshark, "-2", "-X", f"lua_script:{lua}", "-r", str(capture), "-Y", "zmtp or pslite or gloo",
-                           "-T", "json", "--no-duplicate-keys", "-J", "zmtp pslite gloo"], capture_output=True, check=True)
+    path, env = tshark
+    proc = subprocess.run([path, "-2", "-X", f"lua_script:{lua}", "-r", str(capture), "-Y", "zmtp or pslite or gloo",
+                           "-T", "json", "--no-duplicate-keys", "-J", "zmtp pslite gloo"], env=env, capture_output=True,
+                          check=True)
     errors = [line for line in proc.stderr.decode().splitlines() if "Running as user" not in line]
     assert not errors and b"Lua Error" not in proc.stdout, errors or "Lua Error in the output"
     with open_capture(capture) as reader:
@@ -203,10 +212,9 @@ def lua_script(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shown_by_tshark(lua_script):
+def shown_by_tshark(tshark, lua_script):
     """Every bundled capture through tshark, two at a time, all started at once (the decodes run meanwhile):
     capture path -> future of its rows."""
-    tshark = _tshark_with_lua()
     with ThreadPoolExecutor(2) as pool:
         futures = {capture: pool.submit(shown_rows, tshark, lua_script, capture)
                    for job in JOBS for capture in _captures(job)}
@@ -240,24 +248,24 @@ def test_every_kind_of_message_is_shown(shown_by_tshark):
 
 # -- captures no bundled job is: caught mid-connection, old ZMTP peers and commands -----------------------
 
-def _compare_on_its_own(capture: Path, lua: Path, tmp_path: Path) -> Rows:
+def _compare_on_its_own(tshark, capture: Path, lua: Path, tmp_path: Path) -> Rows:
     out = tmp_path / "decoded"
     write_decode_output(decode_paths([capture]), out)
-    shown = shown_rows(_tshark_with_lua(), lua, capture)
+    shown = shown_rows(tshark, lua, capture)
     assert_same_messages(shown, decoded_rows(out, _capture_name(capture)), capture.name)
     return shown
 
 
-def test_a_capture_started_mid_connection(lua_script, tmp_path):
+def test_a_capture_started_mid_connection(tshark, lua_script, tmp_path):
     """No greetings, no READY: ZMTP found by scanning for frames, node ids from the scheduler's reply."""
     capture = tmp_path / "worker0.pcap"
     subprocess.run([require_tool("editcap"), "-r", str(PCAPS / "mxnet_sync" / "worker0.pcap.gz"), str(capture),
                     "300-1000000"], check=True)
-    shown = _compare_on_its_own(capture, lua_script, tmp_path)
+    shown = _compare_on_its_own(tshark, capture, lua_script, tmp_path)
     assert sum(map(len, shown["pslite"].values())) > 50
 
 
-def test_zmtp_1_0_2_0_and_3_1_commands(lua_script, tmp_path):
+def test_zmtp_1_0_2_0_and_3_1_commands(tshark, lua_script, tmp_path):
     """Peers speaking ZMTP 2.0 (socket type in the greeting, identity frame) and unversioned 1.0 (identity
     frame first), and a 3.1 PLAIN connection: HELLO (the user name shown, never the password), WELCOME,
     INITIATE and READY with properties, PING, PONG, SUBSCRIBE, ERROR; frames long enough for LONG sizes."""
@@ -283,12 +291,13 @@ def test_zmtp_1_0_2_0_and_3_1_commands(lua_script, tmp_path):
     for conn in (v2, v1, plain):
         cap.close(conn)
     capture = cap.write(tmp_path / "zmtp.pcap")
-    shown = _compare_on_its_own(capture, lua_script, tmp_path)
+    shown = _compare_on_its_own(tshark, capture, lua_script, tmp_path)
     commands = [row["command"] for rows in shown["zmtp"].values() for row in rows if row["command"]]
     assert sorted(commands) == ["ERROR", "HELLO", "INITIATE", "PING", "PONG", "READY", "SUBSCRIBE", "WELCOME"]
-    fields = subprocess.run([_tshark_with_lua(), "-2", "-X", f"lua_script:{lua_script}", "-r", str(capture), "-Y", "zmtp",
+    path, env = tshark
+    fields = subprocess.run([path, "-2", "-X", f"lua_script:{lua_script}", "-r", str(capture), "-Y", "zmtp",
                              "-T", "fields", "-e", "zmtp.version", "-e", "zmtp.plain.username", "-e", "zmtp.identity",
-                             "-e", "zmtp.error.reason"], capture_output=True, text=True, check=True).stdout
+                             "-e", "zmtp.error.reason"], env=env, capture_output=True, text=True, check=True).stdout
     assert {"2.0", "1.0", "3.1", "alice", "ps9", "gone"} <= set(fields.replace(",", "\t").split())
     assert "secret" not in fields
 
@@ -307,16 +316,20 @@ def test_the_command_writes_the_dissector(tmp_path):
                                                       "installed": False}]}
 
 
-def test_install_puts_it_where_wireshark_loads_it(tmp_path):
+def test_install_puts_it_where_wireshark_loads_it(tshark, lua_script, tmp_path):
     home = tmp_path / "home"
     result = runner.invoke(app, ["wireshark", "--install"], env={"HOME": str(home)})
     assert result.exit_code == 0, result.output
     plugin = home / ".local" / "lib" / "wireshark" / "plugins" / SCRIPT_NAME
     assert f"installed {plugin}" in result.output and plugin.read_text() == dissector_source()
-    tshark, env = _tshark_with_lua(), {**os.environ, "HOME": str(home)}
-    plugins = subprocess.run([tshark, "-G", "plugins"], env=env, capture_output=True, text=True, check=True).stdout
+    path, env = tshark[0], _tshark_env(home)
+    plugins = subprocess.run([path, "-G", "plugins"], env=env, capture_output=True, text=True, check=True).stdout
     assert str(plugin) in plugins
-    senders = subprocess.run([tshark, "-2", "-r", str(PCAPS / "mxnet_1s1w" / "worker0.pcap.gz"), "-Y", "pslite",
+    # given with -X lua_script too, the second copy says the installed one serves
+    twice = subprocess.run([path, "-X", f"lua_script:{lua_script}", "-r", str(PCAPS / "zmq" / "client.pcap.gz"),
+                            "-c", "1"], env=env, capture_output=True, text=True, check=True)
+    assert f"dlcsniff.lua is loaded already, from {plugin}" in twice.stderr
+    senders = subprocess.run([path, "-2", "-r", str(PCAPS / "mxnet_1s1w" / "worker0.pcap.gz"), "-Y", "pslite",
                               "-T", "fields", "-e", "pslite.sender"], env=env, capture_output=True, text=True,
                              check=True).stdout.replace(",", "\n").split()
     assert set(senders) == {"1", "8", "9"}
