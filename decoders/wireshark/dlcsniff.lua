@@ -62,9 +62,10 @@
 -- bytes only (dlcsniff also by its listener's address in the rendezvous). MXNet row_sparse row ids and
 -- compressed element counts. IP fragments (dlcsniff skips them; Wireshark reassembles them and this
 -- script then reads the whole segment). dlcsniff decodes a job's captures together: a node id or tensor
--- that only another node's capture tells is missing here. Without -2, what only the end of the capture
--- completes (holes never filled, messages cut by the capture's end) is not shown, and a node's first
--- messages have no node ids.
+-- that only another node's capture tells is missing here. What only the end of the capture completes (a
+-- hole never filled, a message cut by the capture's end) is shown by tshark -2 only: a single pass never
+-- reaches it, and the GUI cannot know that a capture has ended. Without -2, a node's first messages have no
+-- node ids; in the GUI the packet list may lack them too, the packet details have them.
 
 -- Installed as a plugin and given with -X lua_script too: the copy loaded first serves; say which (each
 -- script has an environment of its own, _G is the one they share).
@@ -1451,7 +1452,8 @@ local function reset_capture()
         results = {},           -- frame number -> list of results
         frame = 0,              -- the packet being read (first pass)
         last_frame = 0,
-        finished = false,
+        finished = false,       -- what was open at the end of the capture has ended
+        resolved = 0,           -- ps-lite messages whose node ids and tensors are worked out
         -- ps-lite across the capture (pslite.py rows pslite_nodes, pslite_announced, pslite_routed)
         nodes = {},             -- node id -> { role, hostname, port } from ADD_NODE replies
         announced = {},         -- stream -> the nodes (host, port) its ADD_NODE request announced
@@ -1490,7 +1492,7 @@ local function looks_like_zmtp10(prefix)
 end
 
 local function start_pslite(s, midstream)
-    local ps = { flavor = nil, routed = nil, first_frame_size = 0, is_pslite = nil }
+    local ps = { first_frame_size = 0 }     -- flavor, routed, is_pslite: nil until a message decides them
     ps.zmtp = new_zmtp(function(index, size) return pslite_keep_body(ps, index, size) end, looks_like_meta,
                        midstream)
     s.owner, s.ps = "pslite", ps
@@ -2478,7 +2480,7 @@ local PROTOCOL_COLUMN = { pslite = "ZMTP", gloo = "Gloo" }
 local function show_results(pinfo, tree)
     local results = capture.results[pinfo.number]
     if results == nil then return end
-    if not capture.finished then      -- one pass only: node ids and tensors from what has been read so far
+    if not pinfo.visited then         -- first pass: node ids and tensors from what has been read so far
         local messages = {}
         for _, r in ipairs(results) do if r.ps then messages[#messages + 1] = r end end
         if #messages > 0 then resolve_messages(messages) end
@@ -2520,13 +2522,25 @@ function tracker.init()
     reset_capture()
 end
 
+-- The first pass is over when a packet is dissected again (tshark -2's second pass; in the GUI, a click or a
+-- filter). tshark: what is still open ends there, as at the end of dlcsniff's decode. The GUI may still be
+-- capturing: nothing ends, and node ids and tensors are worked out again whenever messages came since.
+local function catch_up()
+    if not capture.finished and not gui_enabled() then
+        finish_capture()
+        capture.finished = true
+    end
+    if capture.resolved ~= #capture.messages then
+        resolve_messages(capture.messages)
+        capture.resolved = #capture.messages
+    end
+end
+
 function tracker.dissector(tvb, pinfo, tree)
     if not pinfo.visited then
         if not pinfo.in_error_pkt then read_segment(tvb, pinfo) end
-    elseif not capture.finished then
-        finish_capture()
-        resolve_messages(capture.messages)
-        capture.finished = true
+    else
+        catch_up()
     end
     local consumed = tcp_dissector:call(tvb, pinfo, tree)
     if not pinfo.in_error_pkt then show_results(pinfo, tree) end

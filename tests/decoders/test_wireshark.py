@@ -9,6 +9,8 @@ complete) and Gloo messages (opcode, slot, sizes, offsets, bytes lost, complete)
 the packet that carried its last byte. The lossy jobs (captures with holes: messages cut short, framing lost
 and found again) and the noise job (TLS, HTTP, DNS and a port scan around the job) included: nothing may
 differ, because the script follows TCP with dlcsniff's own rules (decoders/tcp.py) rather than Wireshark's.
+Left out of the comparison, as out of the script: the Gloo job's TCPStore queries (messages.parquet rows of
+protocol "tcpstore"), and what dlcsniff adds from a job's other captures (none of the bundled jobs needs it).
 The flags are checked against what libzmq writes (MORE on every frame but a message's last, LONG exactly above
 255 bytes, COMMAND on commands; a ZMTP 1.0 flags byte holds MORE only).
 
