@@ -2536,6 +2536,33 @@ local function catch_up()
     end
 end
 
+-- TCP hands the payload of the directions this script decodes to zmtp or gloo, instead of "Data" or a
+-- dissector of the port (SIGCOMP has 5555): they take it, the tracker shows what it completed. The first
+-- packets come to them as a heuristic; the tracker then makes them the connection's dissector, which TCP
+-- asks before any other.
+local OWNER_PROTO = { pslite = zmtp, gloo = gloo }
+
+local function stream_of(pinfo)
+    return capture.by_key[sformat("%s|%d>%s|%d", tostring(pinfo.src), pinfo.src_port, tostring(pinfo.dst),
+                                  pinfo.dst_port)]
+end
+
+local function claim_payload(owner)
+    return function(tvb, pinfo, tree)
+        local s = stream_of(pinfo)
+        if s == nil or s.owner ~= owner then return 0 end
+        pinfo.cols.protocol = PROTOCOL_COLUMN[owner]
+        return tvb:len()
+    end
+end
+
+-- (the Lua functions themselves: reading proto.dissector back gives a dissector handle, one layer down)
+for owner, proto in pairs(OWNER_PROTO) do
+    local claim = claim_payload(owner)
+    proto.dissector = claim
+    proto:register_heuristic("tcp", function(tvb, pinfo, tree) return claim(tvb, pinfo, tree) > 0 end)
+end
+
 function tracker.dissector(tvb, pinfo, tree)
     if not pinfo.visited then
         if not pinfo.in_error_pkt then read_segment(tvb, pinfo) end
@@ -2543,32 +2570,15 @@ function tracker.dissector(tvb, pinfo, tree)
         catch_up()
     end
     local consumed = tcp_dissector:call(tvb, pinfo, tree)
-    if not pinfo.in_error_pkt then show_results(pinfo, tree) end
+    if pinfo.in_error_pkt then return consumed end
+    if not pinfo.visited then
+        local s = stream_of(pinfo)      -- TCP has set the ports now
+        if s and OWNER_PROTO[s.owner] and not s.conversation_set then
+            pinfo.conversation = OWNER_PROTO[s.owner]
+            s.conversation_set = true
+        end
+    end
+    show_results(pinfo, tree)
     return consumed
 end
 ip_proto_table:add(6, tracker)
-
--- TCP hands the payload of the directions this script decodes to zmtp or gloo (instead of "Data", or a
--- dissector registered on the port, e.g. SIGCOMP on 5555, once the connection is known): they take it,
--- the results are shown by the tracker above.
-local function owner_of(pinfo)
-    local s = capture.by_key[sformat("%s|%d>%s|%d", tostring(pinfo.src), pinfo.src_port, tostring(pinfo.dst),
-                                     pinfo.dst_port)]
-    return s and s.owner
-end
-
-local function claim_payload(proto, owner)
-    return function(tvb, pinfo, tree)
-        if owner_of(pinfo) ~= owner then return 0 end
-        pinfo.conversation = proto
-        pinfo.cols.protocol = PROTOCOL_COLUMN[owner]
-        return tvb:len()
-    end
-end
-
--- (the Lua functions themselves: reading proto.dissector back gives a dissector handle, one layer down)
-for _, entry in ipairs({ { zmtp, "pslite" }, { gloo, "gloo" } }) do
-    local proto, claim = entry[1], claim_payload(entry[1], entry[2])
-    proto.dissector = claim
-    proto:register_heuristic("tcp", function(tvb, pinfo, tree) return claim(tvb, pinfo, tree) > 0 end)
-end
