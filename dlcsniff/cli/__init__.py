@@ -4,6 +4,7 @@ from dlcsniff.cli import decode  # noqa: F401, I001
 from dlcsniff.cli import analyse  # noqa: F401
 from dlcsniff.cli import export  # noqa: F401
 from dlcsniff.cli import simulate  # noqa: F401
+from dlcsniff.cli import wireshark  # noqa: F401
 from dlcsniff.cli import capture  # noqa: F401
 from dlcsniff.cli import schema  # noqa: F401
 from dlcsniff.cli.app import app

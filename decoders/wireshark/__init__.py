@@ -1,0 +1,41 @@
+"""dlcsniff's Wireshark / tshark dissector: dlcsniff.lua beside this file (package data), a Lua script that shows
+ZMTP, ps-lite and Gloo messages as `dlcsniff decode` finds them; its header says what it decodes, how to run it
+and what it leaves out. This module only writes it: where the user asks, or into Wireshark's personal Lua plugin
+folder, where Wireshark and tshark load it at start.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+SCRIPT_NAME = "dlcsniff.lua"
+
+
+def dissector_source() -> str:
+    """The Lua script's text."""
+    return resources.files(__package__).joinpath(SCRIPT_NAME).read_text(encoding="utf-8")
+
+
+def personal_plugin_dir(home: Path | None = None) -> Path:
+    """Wireshark's personal Lua plugin folder (what `tshark -G folders` calls "Personal Lua Plugins").
+
+    Wireshark 4.x on Unix-like systems: ~/.local/lib/wireshark/plugins, from $HOME (XDG_CONFIG_HOME moves the
+    configuration folder, not this one); on Windows %APPDATA%\\Wireshark\\plugins."""
+    if os.name == "nt" and home is None:
+        return Path(os.environ["APPDATA"]) / "Wireshark" / "plugins"
+    return (home if home is not None else Path.home()) / ".local" / "lib" / "wireshark" / "plugins"
+
+
+def write_dissector(out_dir: Path) -> Path:
+    """Write the script to out_dir/dlcsniff.lua (creating out_dir) and return its path. Raises OSError."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / SCRIPT_NAME
+    path.write_text(dissector_source(), encoding="utf-8")
+    return path
+
+
+def install_dissector(plugin_dir: Path | None = None) -> Path:
+    """Write the script into the personal Lua plugin folder (or plugin_dir) and return its path. Raises OSError."""
+    return write_dissector(plugin_dir if plugin_dir is not None else personal_plugin_dir())
