@@ -38,7 +38,9 @@ from tests.conftest import PCAPS, require_tool
 from tests.support import zmtp_tap as z
 from tests.support.nccl_gen import TcpCapture
 
-JOBS = sorted(path.name for path in PCAPS.iterdir() if path.is_dir())
+# every folder of captures; the shared real captures of other protocols (NCCL over RoCE, perftest) on their own
+FOREIGN = sorted({str(p.parent.relative_to(PCAPS)) for p in (PCAPS / "realcaps").rglob("*.pcap*")})
+JOBS = sorted({str(p.parent.relative_to(PCAPS)) for p in PCAPS.rglob("*.pcap*")} - set(FOREIGN))
 KINDS = ("zmtp", "pslite", "gloo")
 FLAG_MORE, FLAG_LONG, FLAG_COMMAND = 0x01, 0x02, 0x04
 GLOO_OPCODES = {"SEND_BUFFER": 0, "SEND_UNBOUND_BUFFER": 1, "NOTIFY_SEND_READY": 2, "NOTIFY_RECV_READY": 3}
@@ -183,8 +185,8 @@ def decoded_rows(out: Path, capture: str) -> Rows:
         elif row["protocol"] == "gloo":
             rows["gloo"][flow].append({
                 "ts_last_ns": row["ts_last_ns"], "opcode": GLOO_OPCODES[row["opcode"]], "slot": int(row["slot"]),
-                "size_bytes": row["size_bytes"], "length": int(row["length"]), "offset": int(row["offset"]),
-                "roffset": int(row["roffset"]), "missing_bytes": int(row["missing_bytes"]),
+                "size_bytes": row["size_bytes"], "length": int(row["length_bytes"]), "offset": int(row["offset_bytes"]),
+                "roffset": int(row["roffset_bytes"]), "missing_bytes": int(row["missing_bytes"]),
                 "complete": row["complete"]})
     return rows
 
@@ -219,7 +221,7 @@ def shown_by_tshark(tshark, lua_script):
     capture path -> future of its rows."""
     with ThreadPoolExecutor(2) as pool:
         futures = {capture: pool.submit(shown_rows, tshark, lua_script, capture)
-                   for job in JOBS for capture in _captures(job)}
+                   for job in JOBS + FOREIGN for capture in _captures(job)}
         yield futures
         for future in futures.values():
             future.cancel()
@@ -234,6 +236,14 @@ def test_tshark_shows_the_messages_decode_found(job, shown_by_tshark, decoded_jo
         assert_same_messages(shown, decoded_rows(out, _capture_name(capture)), f"{job}/{capture.name}")
         messages += sum(len(rows) for kind in KINDS for rows in shown[kind].values())
     assert messages > 0
+
+
+@pytest.mark.parametrize("job", FOREIGN)
+def test_nothing_is_claimed_in_real_traffic_of_other_protocols(job, shown_by_tshark):
+    """Real NCCL-over-RoCE and perftest captures made elsewhere (pcaps/realcaps): no zmtp, pslite or gloo."""
+    for capture in _captures(job):
+        shown = shown_by_tshark[capture].result()
+        assert not any(shown[kind] for kind in KINDS), f"{job}/{capture.name}: {shown}"
 
 
 def test_every_kind_of_message_is_shown(shown_by_tshark):
