@@ -7,16 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli.app import app, fail, out
+from dlcsniff.cli.app import Flag, Json, command, fail, out
 
 
-@app.command()
+@command()
 def wireshark(
     out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory to write dlcsniff.lua into.")] = None,
     install: Annotated[bool, typer.Option(
-        "--install", help="Write it into Wireshark's personal Lua plugin folder (~/.local/lib/wireshark/plugins), "
+        "--install", **Flag, help="Write it into Wireshark's personal Lua plugin folder (~/.local/lib/wireshark/plugins), "
         "where Wireshark and tshark load it at start.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """Write the Wireshark / tshark dissector (dlcsniff.lua): the ZMTP, ps-lite and Gloo messages `decode` finds,
     with fields such as pslite.sender, pslite.recver, pslite.timestamp, pslite.push, pslite.request, pslite.key,

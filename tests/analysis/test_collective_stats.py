@@ -41,7 +41,8 @@ COLLECTIVE_TABLES = {"collective_stats", "collective_ranks", "collective_traffic
                      "collective_overlap"}
 PSLITE_TABLES = {"iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys"}
 JOB_TABLES = {"requests", "in_flight", "connections", "key_updates"}
-PSLITE_FIGURES = {"message_sizes", "iterations", "key_overheads", "traffic", "timeline"}
+# whatif: a job with training iterations gets the what-if curve (dlcsniff simulate on SimGrid)
+PSLITE_FIGURES = {"message_sizes", "iterations", "key_overheads", "traffic", "timeline", "whatif"}
 COLLECTIVE_FIGURES = {"collective_times", "collective_bandwidth", "collective_skew", "collective_matrix",
                       "collective_timeline"}
 # nccl-tests src/*.cu GetBw: busBw = algBw * factor, for n ranks

@@ -287,7 +287,8 @@ def test_cli_stats_dlc_and_a_self_contained_report(decoded, tmp_path):
     assert "<script src" not in page and "<link" not in page and "default-src 'none'" in page
     embedded = {base64.b64decode(src.removeprefix("data:image/png;base64,")) for src in images}
     files = {path.read_bytes() for path in (tmp_path / "figures").glob("*.png")}
-    assert embedded < files and len(files) == 5         # the other three are interactive charts in the page
+    # the other four are interactive charts in the page (the what-if curve among them)
+    assert embedded < files and len(files) == 6
     assert all(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000 for png in files)
 
 

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def job_run(tmp_path_factory) -> JobRun:
     require_root()
-    return run_mxnet_job(tmp_path_factory.mktemp("mxnet_daemons"), require_workloads())
+    # every libzmq send and receive probed (the default, --zmq-events none, probes none of them)
+    return run_mxnet_job(tmp_path_factory.mktemp("mxnet_daemons"), require_workloads(),
+                         daemon_args=("--zmq-events", "calls"))
 
 
 def test_every_pslite_flow_is_owned_by_its_node_process(job_run):
