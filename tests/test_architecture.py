@@ -141,6 +141,8 @@ def test_the_wheel_installs_dlcsniff_only(tmp_path):
                 for name in names if name.endswith(".py")}
     assert packaged == set(_modules()), set(_modules()) ^ packaged
     assert "dlcsniff/sniffer/probes/zmtp_snap.c" in names
+    parts = sorted(p.name for p in (REPO / "decoders" / "wireshark" / "parts").glob("*.lua"))
+    assert parts and {f"dlcsniff/decoders/wireshark/parts/{part}" for part in parts} <= set(names)
 
 
 def test_every_module_imports():

@@ -1,7 +1,10 @@
-"""dlcsniff's Wireshark / tshark dissector: dlcsniff.lua beside this file (package data), a Lua script that shows
-ZMTP, ps-lite and Gloo messages as `dlcsniff decode` finds them; its header says what it decodes, how to run it
-and what it leaves out. This module only writes it: where the user asks, or into Wireshark's personal Lua plugin
-folder, where Wireshark and tshark load it at start.
+"""dlcsniff's Wireshark / tshark dissector: dlcsniff.lua, a Lua script that shows ZMTP, ps-lite and Gloo messages
+as `dlcsniff decode` finds them; its header says what it decodes, how to run it and what it leaves out. Its
+source is the files of parts/ (package data), one part of the script each, in the order of their names: the
+header, wire constants and fields, ps-lite metas, ZMTP, ps-lite, Gloo, the capture's state and the decoders as
+owners of TCP directions, TCP reassembly, ps-lite across the capture, display and registration. Wireshark loads
+one file, so the parts are one script, written whole. This module only writes it: where the user asks, or into
+Wireshark's personal Lua plugin folder, where Wireshark and tshark load it at start.
 """
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ SCRIPT_NAME = "dlcsniff.lua"
 
 
 def dissector_source() -> str:
-    """The Lua script's text."""
-    return resources.files(__package__).joinpath(SCRIPT_NAME).read_text(encoding="utf-8")
+    """The Lua script's text: its parts in order."""
+    parts = sorted((part for part in resources.files(__package__).joinpath("parts").iterdir()
+                    if part.name.endswith(".lua")), key=lambda part: part.name)
+    return "".join(part.read_text(encoding="utf-8") for part in parts)
 
 
 def personal_plugin_dir(home: Path | None = None) -> Path:

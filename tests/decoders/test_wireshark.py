@@ -1,4 +1,5 @@
-"""The Wireshark dissector (decoders/wireshark/dlcsniff.lua) run by tshark, held to dlcsniff's own tables.
+"""The Wireshark dissector (decoders/wireshark/parts/*.lua, written as one dlcsniff.lua) run by tshark, held to
+dlcsniff's own tables.
 
 On every capture of the bundled jobs (every node of every MXNet and BytePS job, the zmq job, the Gloo job), the
 messages `tshark -2 -X lua_script:dlcsniff.lua` shows are the rows of the decode's zmtp.parquet and
