@@ -177,8 +177,10 @@ def rank_trace(messages: pd.DataFrame, ranks: int, send_ns: np.ndarray, recv_ns:
 def network_ends(model: CollectiveModel) -> pd.DataFrame:
     m = model.messages
     return pd.concat([
-        pd.DataFrame({"node": m["src"], "sent": True, "first_ns": m["send_ns"], "last_ns": m["send_last_ns"], "size_bytes": m["size_bytes"]}),
-        pd.DataFrame({"node": m["dst"], "sent": False, "first_ns": m["recv_first_ns"], "last_ns": m["recv_ns"], "size_bytes": m["size_bytes"]}),
+        pd.DataFrame({"node": m["src"], "sent": True, "first_ns": m["send_ns"], "last_ns": m["send_last_ns"],
+                      "size_bytes": m["size_bytes"]}),
+        pd.DataFrame({"node": m["dst"], "sent": False, "first_ns": m["recv_first_ns"], "last_ns": m["recv_ns"],
+                      "size_bytes": m["size_bytes"]}),
     ], ignore_index=True)
 
 

@@ -109,7 +109,8 @@ def simulate_all(engine: str, runs: Sequence[tuple[Program, Links]], processes: 
                 _, status = os.waitpid(pid, 0)
                 if len(buffer) < _LENGTH.size:
                     said = _tail(os.path.join(logs, f"{index}.stderr"))
-                    errors.append(f"the {engine} simulation died (wait status {status})" + (f": {said}" if said else ""))
+                    errors.append(f"the {engine} simulation died (wait status {status})"
+                                  + (f": {said}" if said else ""))
                     continue
                 kind, value = pickle.loads(bytes(buffer[_LENGTH.size:]))
                 if kind == "error":

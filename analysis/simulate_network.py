@@ -158,7 +158,8 @@ def calibrate(ends: pd.DataFrame, pairs: pd.DataFrame, nodes: int, captured_rate
     fallback = float(np.median(seen)) if len(seen) else UNLIMITED_BIT_S * EFFICIENCY
     if not len(seen):
         notes.append(f"no message of {LARGE_MESSAGE_BYTES} bytes or more: the links are taken as unlimited")
-    up, down = np.where(np.isfinite(up), up, fallback) / EFFICIENCY, np.where(np.isfinite(down), down, fallback) / EFFICIENCY
+    up = np.where(np.isfinite(up), up, fallback) / EFFICIENCY
+    down = np.where(np.isfinite(down), down, fallback) / EFFICIENCY
     host = np.full(nodes, UNLIMITED_BIT_S)
     limited = False
     if captured_rate_bit_s is not None:

@@ -87,7 +87,8 @@ def data_messages(trace: Trace) -> pd.DataFrame:
     both = sent.merge(got.drop(columns="complete"), on=key, how="outer")
     both["fused"] = both["fused"].fillna(both["fused_r"]).astype(bool)
     both["iteration"] = both["iteration"].fillna(both["iteration_r"]).astype(np.int64)
-    both["length"] = np.fmax(both["length"].to_numpy(np.float64), both["length_r"].to_numpy(np.float64)).astype(np.int64)
+    both["length"] = np.fmax(both["length"].to_numpy(np.float64),
+                             both["length_r"].to_numpy(np.float64)).astype(np.int64)
     return both[list(MESSAGE_COLUMNS)].sort_values(["send_ns", "recv_ns"], ignore_index=True)
 
 
@@ -309,7 +310,8 @@ def _request_deps(frame: pd.DataFrame) -> pd.DataFrame:
     """A request after the values of its worker's previous iteration, or after its push's acknowledgement."""
     values = frame[frame["response_slot"] == SLOT_PULL_RESPONSE][["worker_rank", "iteration", "answer_id"]]
     after_values = frame[frame["after"] == AFTER_VALUES][["worker_rank", "iteration", "request_id"]]
-    on_values = after_values.assign(iteration=after_values["iteration"] - 1).merge(values, on=["worker_rank", "iteration"])
+    on_values = after_values.assign(iteration=after_values["iteration"] - 1).merge(values,
+                                                                                   on=["worker_rank", "iteration"])
     acks = frame[(frame["slot"] == SLOT_PUSH_REQUEST) & (frame["response_slot"] == SLOT_PUSH_RESPONSE)]
     key = ["worker_rank", "server_rank", "tensor_key", "iteration"]
     after_ack = frame[frame["after"] == AFTER_ACK][key + ["request_id"]]

@@ -12,10 +12,11 @@ from dlcsniff.cli.app import Flag, Json, command, fail, out
 
 @command()
 def wireshark(
-    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory to write dlcsniff.lua into.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory to write dlcsniff.lua into.")
+                       ] = None,
     install: Annotated[bool, typer.Option(
-        "--install", **Flag, help="Write it into Wireshark's personal Lua plugin folder (~/.local/lib/wireshark/plugins), "
-        "where Wireshark and tshark load it at start.")] = False,
+        "--install", **Flag, help="Write it into Wireshark's personal Lua plugin folder "
+        "(~/.local/lib/wireshark/plugins), where Wireshark and tshark load it at start.")] = False,
     as_json: Json = False,
 ) -> None:
     """Write the Wireshark / tshark dissector (dlcsniff.lua): the ZMTP, ps-lite and Gloo messages `decode` finds,
