@@ -26,7 +26,7 @@ LINK_HEADER_BYTES = {DLT_EN10MB: 14, DLT_LINUX_SLL: 0, DLT_LINUX_SLL2: 0}
 DEFAULT_USERS = ("tcpdump", "nobody")
 # --zmq-events: which libzmq calls the probes see. Each probed call traps into the kernel (a uprobe), and a
 # ZeroMQ job calls them for every frame: what each choice cost the MXNet MLP job is in the README
-# ("Capture overhead"), measured by `make bench` (tests/bench/capture.py).
+# (Capturing: what it costs), measured by `make bench` (tests/bench/capture.py).
 ZMQ_EVENTS = ("none", "sends", "calls")
 
 
