@@ -205,7 +205,10 @@ def pslite_model(trace: Trace) -> PsliteModel:
 
 def _answer_delays(pairs: pd.DataFrame, messages: pd.DataFrame, mode: str) -> np.ndarray:
     """Seconds from what an answer waits for (sync push: the round's last push; else its request) to its first
-    byte; a queued answer takes its round's first unqueued one, else its key's median (else 0)."""
+    byte. A queued answer takes its round's first unqueued one, else its key's median over the rounds after the
+    first, else its server's (else the key's first round; else 0): a server's first round of a key is no
+    evidence of its later ones (captured with one server, the first round's small answers can leave a whole
+    large transfer late, every later one queued behind a large answer)."""
     pushes = messages[messages["to_server"] & (messages["slot"] == SLOT_PUSH_REQUEST)]
     round_key = ["server_rank", "tensor_key", "iteration"]
     last_push = pushes.groupby(round_key)["recv_ns"].max()
@@ -218,8 +221,12 @@ def _answer_delays(pairs: pd.DataFrame, messages: pd.DataFrame, mode: str) -> np
     queued = pairs["answer_queued"].fillna(True).astype(bool).to_numpy()
     known = pd.Series(np.where(queued | ~np.isfinite(delay), np.nan, np.clip(delay, 0, None)))
     by_round = known.groupby([pairs[c] for c in round_key]).transform("min")
-    by_key = known.groupby([pairs["server_rank"], pairs["tensor_key"]]).transform("median")
-    return known.fillna(by_round).fillna(by_key).fillna(0.0).to_numpy(np.float64)
+    key = [pairs["server_rank"], pairs["tensor_key"]]
+    later = known.where(pairs["iteration"].to_numpy() > pairs["iteration"].min())
+    by_key = later.groupby(key).transform("median")
+    by_server = later.groupby(pairs["server_rank"]).transform("median")
+    first = known.groupby(key).transform("median")
+    return known.fillna(by_round).fillna(by_key).fillna(by_server).fillna(first).fillna(0.0).to_numpy(np.float64)
 
 
 def _with_workers(requests: pd.DataFrame, workers: int) -> pd.DataFrame:
