@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from dlcsniff.analysis import build_records, load_dataset
 from dlcsniff.analysis.iterations import ITERATION_COLUMNS, worker_iterations
-from dlcsniff.analysis.operations import CATEGORY_DATA, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST
+from dlcsniff.analysis.operations import (
+    CATEGORY_DATA, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Topology, Trace,
+)
 from dlcsniff.analysis.simulate_engines import simulate_all
 from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Links
 from dlcsniff.analysis.simulate_pslite import (
@@ -82,6 +84,50 @@ def test_the_bigarray_bound_is_read_from_the_split_keys(decoded_job):
     assert largest_unsplit / ELEMENT_BYTES < large.bigarray_bound <= 1_280_000 + 64
     _, one_server = _model(decoded_job, "mxnet_1s1w")          # one server cannot tell: MXNet's default
     assert one_server.bigarray_bound == MXNET_BIGARRAY_BOUND
+
+
+def _one_server_records(messages) -> pd.DataFrame:
+    """DLC records of (worker, key, iteration, to_server, first byte ms, last byte ms, bytes) messages between
+    workers and server 0: the sender's record at the first byte, the receiver's at the last."""
+    rows = []
+    for worker, key, iteration, to_server, first_ms, last_ms, size in messages:
+        for is_send, ts_ms in ((True, first_ms), (False, last_ms)):
+            rows.append({"node_role": ROLE_WORKER if is_send == to_server else ROLE_SERVER, "is_send": is_send,
+                         "category": CATEGORY_DATA, "worker_rank": worker, "server_rank": 0,
+                         "slot": SLOT_PUSH_REQUEST if to_server else SLOT_PULL_RESPONSE, "fused": True,
+                         "tensor_key": key, "ps_timestamp": 10 * iteration + key, "iteration": iteration,
+                         "length": size, "ts_ns": int(ts_ms * 1e6), "complete": True})
+    return pd.DataFrame(rows)
+
+
+def test_a_queued_answer_takes_the_server_time_of_later_rounds_not_the_first():
+    """One server, two workers, sync: a small key (0) and a 5 MB one (1), as the scale bench records them.
+    In round 0 the small pushes go first and the server answers them only ~0.85 s later, while both large
+    pushes arrive; in every later round the small push follows the large one and its answer is queued behind
+    the large answer on its connection (its own server time unseen). Those later answers take the server's
+    later rounds' time (the large key's 10 ms), not round 0's stall, which a 3-server what-if would replay in
+    every round (the scale bench's 1 server -> 3 servers prediction was 57 % slow)."""
+    big, small = 5_120_035, 547
+    messages = []
+    for worker in (0, 1):
+        arrives = 800 + 50 * worker                               # the large push, sharing the server's link
+        messages += [(worker, 0, 0, True, worker, worker + 0.1, small), (worker, 1, 0, True, worker + 0.1, arrives, big),
+                     (worker, 0, 0, False, 850 + 50 * worker, 850.1 + 50 * worker, small),     # the stall
+                     (worker, 1, 0, False, 960, 1760, big)]
+        for iteration in (1, 2, 3):
+            start = 1800 * iteration
+            messages += [(worker, 1, iteration, True, start + 5, start + arrives, big),
+                         (worker, 0, iteration, True, start + arrives - 1, start + arrives + 0.1, small),  # queued
+                         (worker, 1, iteration, False, start + 860, start + 1660, big),  # 10 ms after the round
+                         (worker, 0, iteration, False, start + 1659.9, start + 1660.1, small)]     # queued
+    trace = Trace(records=_one_server_records(messages), nodes=pd.DataFrame(), topology=Topology(2, 1),
+                  mode="sync", mode_evidence="test")
+    requests = pslite_model(trace).requests.set_index(["worker_rank", "iteration", "tensor_key"])
+    server_s = requests["response_delay_s"]
+    assert server_s.loc[(0, 0, 0)] == pytest.approx(0.85 - 0.0011)   # round 0 keeps its own (unqueued) time
+    assert server_s.loc[(slice(None), 2, 1)].tolist() == pytest.approx([0.01, 0.01])
+    later_small = server_s.loc[(slice(None), [1, 2, 3], 0)]
+    assert later_small.to_numpy() == pytest.approx(np.full(6, 0.01))
 
 
 def test_what_if_shapes_keep_every_worker_and_key(decoded_job):
