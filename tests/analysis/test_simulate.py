@@ -111,7 +111,8 @@ def test_a_queued_answer_takes_the_server_time_of_later_rounds_not_the_first():
     messages = []
     for worker in (0, 1):
         arrives = 800 + 50 * worker                               # the large push, sharing the server's link
-        messages += [(worker, 0, 0, True, worker, worker + 0.1, small), (worker, 1, 0, True, worker + 0.1, arrives, big),
+        messages += [(worker, 0, 0, True, worker, worker + 0.1, small),
+                     (worker, 1, 0, True, worker + 0.1, arrives, big),
                      (worker, 0, 0, False, 850 + 50 * worker, 850.1 + 50 * worker, small),     # the stall
                      (worker, 1, 0, False, 960, 1760, big)]
         for iteration in (1, 2, 3):
