@@ -429,39 +429,31 @@ class GlooTraining:
                 "--compute-matmuls", str(self.compute_matmuls)]
 
 
-def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GLOO_WORLD_SIZE,
-                    timeout_s: float = JOB_TIMEOUT_S, name: str = GLOO_JOB, rate_mbit: float | None = None,
-                    training: GlooTraining | None = None) -> Path:
-    """Run the torch.distributed Gloo workload (its list of operations, or `training`), one rank per
-    namespace (rank 0 hosts the TCPStore), each on a link of rate_mbit if given; return its directory."""
-    out_dir = Path(out_dir).resolve()
-    job_dir = _prepare_job_dir(out_dir, name)
+def _record_gloo_ranks(job_dir: Path, workload_python: str, job: str, script: str, world_size: int,
+                       args: list[str], limit: Callable[[Cluster, list[str]], None], timeout_s: float,
+                       *, gzip_captures: bool = True) -> dict:
+    """Run a torch.distributed Gloo workload `script`, one rank per namespace (rank 0 hosts the TCPStore), after
+    `limit` set the ranks' links; the job.json entries every Gloo job has (nodes with their ranks and records)."""
     node_names = [f"rank{rank}" for rank in range(world_size)]
     started_ns = time.time_ns()
-    with Cluster(f"{name}-{os.getpid()}", node_names) as cluster:
-        _limit_rates(cluster, node_names, rate_mbit)
+    with Cluster(f"{job}-{os.getpid()}", node_names) as cluster:
+        limit(cluster, node_names)
         master_ip = cluster.host("rank0").ip
         # Gloo binds its listening socket to this interface's address (its default, the address the host
         # name resolves to, is not inside the namespace).
         job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
-        nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_job.py",
+        nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", script,
                              ["--rank", str(rank), "--world-size", str(world_size), "--master-addr", master_ip,
-                              "--master-port", str(GLOO_MASTER_PORT), *(training.args() if training else [])],
+                              "--master-port", str(GLOO_MASTER_PORT), *args],
                              {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
                  for rank, name in enumerate(node_names)]
-        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
+        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s, gzip_captures=gzip_captures)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     for rank, entry in enumerate(node_entries):
         entry["rank"] = rank
         entry["record"] = f"{entry['name']}.json"
-    job_record = {
-        "job": name,
-        "framework": "pytorch",
-        "transport": "gloo/tcp",
-        "mode": "training" if training else "collectives",
-        "training": asdict(training) if training else None,
-        "rate_mbit": rate_mbit,
+    return {
         "world_size": world_size,
         "master_addr": master_ip,
         "master_port": GLOO_MASTER_PORT,
@@ -472,6 +464,27 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
         "end_ns": ended_ns,
         "versions": {**_tool_versions(workload_python), **records["rank0"]["versions"]},
         "nodes": node_entries,
+    }
+
+
+def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GLOO_WORLD_SIZE,
+                    timeout_s: float = JOB_TIMEOUT_S, name: str = GLOO_JOB, rate_mbit: float | None = None,
+                    training: GlooTraining | None = None) -> Path:
+    """Run the torch.distributed Gloo workload (its list of operations, or `training`), one rank per
+    namespace (rank 0 hosts the TCPStore), each on a link of rate_mbit if given; return its directory."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, name)
+    ranks = _record_gloo_ranks(job_dir, workload_python, name, "gloo_job.py", world_size,
+                               training.args() if training else [],
+                               lambda cluster, names: _limit_rates(cluster, names, rate_mbit), timeout_s)
+    job_record = {
+        "job": name,
+        "framework": "pytorch",
+        "transport": "gloo/tcp",
+        "mode": "training" if training else "collectives",
+        "training": asdict(training) if training else None,
+        "rate_mbit": rate_mbit,
+        **ranks,
     }
     return _publish_job_dir(job_dir, out_dir, name, job_record)
 
@@ -486,43 +499,23 @@ def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workl
     plan = spec.cells()
     plan_path = job_dir / "plan.json"
     plan_path.write_text(json.dumps(plan, indent=1) + "\n")
-    node_names = [f"rank{rank}" for rank in range(spec.world_size)]
     rate_mbit = max(1, spec.rate_mbit // spec.world_size)
-    started_ns = time.time_ns()
-    with Cluster(f"{spec.name}-{os.getpid()}", node_names) as cluster:
-        master_ip = cluster.host("rank0").ip
-        job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
-        for name in node_names:
-            cluster.limit_send_rate(name, rate_mbit)
-        nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", "gloo_matrix_job.py",
-                             ["--rank", str(rank), "--world-size", str(spec.world_size), "--master-addr", master_ip,
-                              "--master-port", str(GLOO_MASTER_PORT), "--plan", str(plan_path)],
-                             {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
-                 for rank, name in enumerate(node_names)]
-        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s, gzip_captures=spec.gzip)
-    ended_ns = time.time_ns()
-    records = {node.name: _read_record(node.record_path) for node in nodes}
-    for rank, entry in enumerate(node_entries):
-        entry["rank"] = rank
-        entry["record"] = f"{entry['name']}.json"
+
+    def limit(cluster: Cluster, names: list[str]) -> None:
+        for node in names:
+            cluster.limit_send_rate(node, rate_mbit)
+
+    ranks = _record_gloo_ranks(job_dir, workload_python, spec.name, "gloo_matrix_job.py", spec.world_size,
+                               ["--plan", str(plan_path)], limit, timeout_s, gzip_captures=spec.gzip)
     job_record = {
         "job": spec.name,
         "framework": "pytorch",
         "transport": "gloo/tcp",
         "mode": "matrix",
-        "world_size": spec.world_size,
-        "master_addr": master_ip,
-        "master_port": GLOO_MASTER_PORT,
-        "env": job_env,
-        "subnet": str(cluster.subnet),
-        "mtu": cluster.mtu,
         "rate_mbit_per_rank": rate_mbit,
-        "start_ns": started_ns,
-        "end_ns": ended_ns,
-        "versions": {**_tool_versions(workload_python), **records["rank0"]["versions"]},
         "plan": "plan.json",
         "cells": len(plan),
-        "nodes": node_entries,
+        **ranks,
     }
     return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
 
