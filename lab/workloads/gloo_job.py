@@ -175,25 +175,37 @@ def train(steps: int, grad_elements: int, compute_matmuls: int, rank: int) -> li
     return done
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def rank_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every Gloo workload's rank takes (lab.record passes them)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--record", type=Path, required=True)
+    return parser
+
+
+def start_rank(args: argparse.Namespace, timeout: timedelta) -> dict:
+    """Write the rank's record as it starts, join the process group through the TCPStore; the record."""
+    record = {"rank": args.rank, "world_size": args.world_size, "pid": os.getpid(), "start_ns": time.time_ns(),
+              "versions": {"torch": torch.__version__, "python": platform.python_version()},
+              "master": f"{args.master_addr}:{args.master_port}", "operations": [], "finished": False}
+    write_record(args.record, record)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                            rank=args.rank, world_size=args.world_size, timeout=timeout)
+    record["init_done_ns"] = time.time_ns()
+    return record
+
+
+def main() -> None:
+    parser = rank_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--train-steps", type=int, default=None)
     parser.add_argument("--grad-elements", type=int, default=2_621_440)
     parser.add_argument("--compute-matmuls", type=int, default=20)
     args = parser.parse_args()
     rank, world = args.rank, args.world_size
-    record = {"rank": rank, "world_size": world, "pid": os.getpid(), "start_ns": time.time_ns(),
-              "versions": {"torch": torch.__version__, "python": platform.python_version()},
-              "master": f"{args.master_addr}:{args.master_port}", "operations": [], "finished": False}
-    write_record(args.record, record)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
-                            rank=rank, world_size=world, timeout=TIMEOUT)
-    record["init_done_ns"] = time.time_ns()
+    record = start_rank(args, TIMEOUT)
     if args.train_steps:
         torch.set_num_threads(1)
         record["steps"] = train(args.train_steps, args.grad_elements, args.compute_matmuls, rank)

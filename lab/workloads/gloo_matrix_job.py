@@ -27,10 +27,7 @@ when a straggler may be killed.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -38,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 # the bundled Gloo job's workload, beside this file (a script's folder is on its path)
-from gloo_job import profiled, write_record
+from gloo_job import profiled, rank_parser, start_rank, write_record
 
 P2P_WORKS = ("send", "recv", "recvAnySource")
 TIMEOUT = timedelta(seconds=300)
@@ -192,23 +189,12 @@ def planned_calls(plan: list[dict], rank: int, world: int) -> list[tuple[int, Ce
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--master-addr", required=True)
-    parser.add_argument("--master-port", type=int, required=True)
+    parser = rank_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--plan", type=Path, required=True)
-    parser.add_argument("--record", type=Path, required=True)
     args = parser.parse_args()
     rank, world = args.rank, args.world_size
     plan = json.loads(args.plan.read_text())
-    record = {"rank": rank, "world_size": world, "pid": os.getpid(), "start_ns": time.time_ns(),
-              "versions": {"torch": torch.__version__, "python": platform.python_version()},
-              "master": f"{args.master_addr}:{args.master_port}", "operations": [], "finished": False}
-    write_record(args.record, record)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
-                            rank=rank, world_size=world, timeout=TIMEOUT)
-    record["init_done_ns"] = time.time_ns()
+    record = start_rank(args, TIMEOUT)
     next_tag = 0
     for index, cell, called, call in planned_calls(plan, rank, world):
         result, works, start_ns, end_ns = profiled(call)
