@@ -198,6 +198,14 @@ def start_rank(args: argparse.Namespace, timeout: timedelta) -> dict:
     return record
 
 
+def finish_rank(args: argparse.Namespace, record: dict) -> None:
+    """Leave the process group and write the rank's record as finished."""
+    dist.destroy_process_group()
+    record["end_ns"] = time.time_ns()
+    record["finished"] = True
+    write_record(args.record, record)
+
+
 def main() -> None:
     parser = rank_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--train-steps", type=int, default=None)
@@ -209,10 +217,7 @@ def main() -> None:
     if args.train_steps:
         torch.set_num_threads(1)
         record["steps"] = train(args.train_steps, args.grad_elements, args.compute_matmuls, rank)
-        dist.destroy_process_group()
-        record["end_ns"] = time.time_ns()
-        record["finished"] = True
-        write_record(args.record, record)
+        finish_rank(args, record)
         return
     calls = []                    # (order, kind, label, call)
     for order, (kind, label, elements, root) in enumerate(OPERATIONS):
@@ -235,10 +240,7 @@ def main() -> None:
                                      "start_ns": start_ns, "end_ns": end_ns, "gloo_works": works,
                                      "gloo_tags": tags,
                                      "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
-    dist.destroy_process_group()
-    record["end_ns"] = time.time_ns()
-    record["finished"] = True
-    write_record(args.record, record)
+    finish_rank(args, record)
 
 
 if __name__ == "__main__":

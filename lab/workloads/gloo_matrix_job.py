@@ -28,14 +28,13 @@ when a straggler may be killed.
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 # the bundled Gloo job's workload, beside this file (a script's folder is on its path)
-from gloo_job import profiled, rank_parser, start_rank, write_record
+from gloo_job import finish_rank, profiled, rank_parser, start_rank
 
 P2P_WORKS = ("send", "recv", "recvAnySource")
 TIMEOUT = timedelta(seconds=300)
@@ -208,10 +207,7 @@ def main() -> None:
             "element_bytes": cell.element_bytes, "nominal_bytes": cell.nominal_bytes, **result,
             "start_ns": start_ns, "end_ns": end_ns, "gloo_works": works, "gloo_tags": tags,
             "pg_sequence": dist.group.WORLD._get_sequence_number_for_group()})
-    dist.destroy_process_group()
-    record["end_ns"] = time.time_ns()
-    record["finished"] = True
-    write_record(args.record, record)
+    finish_rank(args, record)
 
 
 if __name__ == "__main__":
