@@ -33,6 +33,11 @@ class DecodeRun:
     write_s: float
 
 
+def _load_writer() -> None:
+    """Import the writer (pyarrow.parquet, the timeline), e.g. while forked workers decode."""
+    from dlcsniff.decoders import output  # noqa: F401
+
+
 def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force: bool = False,
                   engine: Engine = "pandas", scheduler: str | None = None, workers: int | None = None,
                   selection: PacketSelection | None = None,
@@ -58,13 +63,15 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
         dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
                                     selection=selection)
     else:
-        dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection)
+        dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
+                               meanwhile=_load_writer)
     decoded = time.monotonic()
-    # loaded only now: the writer brings pyarrow and pandas, which forked workers let load while they decode
     from dlcsniff.decoders.output import write_decode_output
 
     # The tables, and one timeline for the job: a message seen at both ends becomes one event
-    # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet).
-    job_view = write_decode_output(dataset, out_dir, inputs=digests.result(), command=command)
+    # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet). The
+    # inputs' digests are waited for only once the timeline is built: on a large input, hashing it takes as
+    # long as decoding it.
+    job_view = write_decode_output(dataset, out_dir, inputs=digests.result, command=command)
     return DecodeRun(dataset=dataset, job_view=job_view, out_dir=out_dir, decode_s=decoded - began,
                      write_s=time.monotonic() - decoded)

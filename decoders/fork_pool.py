@@ -90,9 +90,11 @@ class _Worker:
 
 def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], total: int | None, workers: int,
                   progress_total: Callable[[int | None], ProgressFn] | None,
-                  selection: PacketSelection | None = None) -> list[CaptureResult]:
+                  selection: PacketSelection | None = None,
+                  meanwhile: Callable[[], None] | None = None) -> list[CaptureResult]:
     """Decode the captures (with their flow id bases), the largest (`sizes`) first; progress_total is
-    called with `total` (None: unknown, streams among the captures)."""
+    called with `total` (None: unknown, streams among the captures). `meanwhile` runs in this process once
+    the first workers are started (e.g. the imports the caller needs next), while they decode."""
     pending = sorted(range(len(jobs)), key=lambda i: -sizes[i])       # the largest first
     running: dict[int, _Worker] = {}
     outcomes: dict[int, tuple] = {}
@@ -107,10 +109,10 @@ def decode_forked(jobs: list[tuple[CaptureInput, int]], sizes: list[int], total:
     try:
         for _ in range(min(workers, len(pending))):
             start_next()
-        # Forked first: the progress bar's thread and these imports happen while the workers decode.
+        # Forked first: the progress bar's thread and the caller's imports happen while the workers decode.
         progress = progress_total(total) if progress_total else None
-        import pandas  # noqa: F401  (building the summary needs it: load it while waiting)
-        from dlcsniff.decoders import schema  # noqa: F401
+        if meanwhile is not None:
+            meanwhile()
         while running:
             for key, _ in selector.select():
                 index = key.data

@@ -191,12 +191,14 @@ def prepare_inputs(inputs: Iterable[Path], selection: PacketSelection | None = N
 
 
 def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None], ProgressFn] | None = None,
-                 workers: int | None = None, selection: PacketSelection | None = None) -> DecodedJob:
+                 workers: int | None = None, selection: PacketSelection | None = None,
+                 meanwhile: Callable[[], None] | None = None) -> DecodedJob:
     """Decode captures (files or directories of them, streams) of one job into one dataset; `selection`: only
     the packets it keeps (a pcap filter, a time window).
 
     Captures are decoded in `workers` forked processes (default: one per core, when the input is large
-    enough for it to pay; 0: in this process), while this one loads what building the tables needs."""
+    enough for it to pay; 0: in this process), while this one loads what building the tables needs and runs
+    `meanwhile` (the caller's next imports)."""
     paths, selection = prepare_inputs(inputs, selection)
     sizes = [capture.size_bytes for capture in paths]
     known = sum(size for size in sizes if size is not None)
@@ -216,8 +218,20 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None
             # collected now, they add neither to the next capture's memory nor to the tables' (pyarrow, pandas).
             gc.collect()
     else:
-        results = decode_forked(jobs, [size or 0 for size in sizes], total, workers, progress_total, selection)
+        def load_next() -> None:
+            _load_table_builders()
+            if meanwhile is not None:
+                meanwhile()
+        results = decode_forked(jobs, [size or 0 for size in sizes], total, workers, progress_total, selection,
+                                meanwhile=load_next)
     return with_selection(with_processes(build_dataset(results), paths), selection)
+
+
+def _load_table_builders() -> None:
+    """Import what build_dataset and its summary use (pandas the largest), e.g. while workers decode."""
+    import pandas  # noqa: F401
+
+    from dlcsniff.decoders import nccl_collectives, pslite_job, schema  # noqa: F401
 
 
 def with_selection(dataset: DecodedJob, selection: PacketSelection | None) -> DecodedJob:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pyarrow.parquet as pq
 
@@ -30,11 +30,13 @@ def job_view_summary(view) -> dict:
             "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}
 
 
-def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: list[dict] | None = None,
+def write_decode_output(dataset: DecodedJob, out_dir: Path, *,
+                        inputs: list[dict] | Callable[[], list[dict]] | None = None,
                         command: Sequence[str] | None = None) -> dict:
     """Write `dataset` (decoders.job.decode_paths) and its timeline into out_dir (made safe first with
     decoders.output_dir.claim_output_dir), with its manifest; `inputs`: the captures' files with their size and
-    sha256 (decoders.output_dir.InputDigests). Returns the job view's summary (`job_view_summary`)."""
+    sha256, or what returns them once ready (decoders.output_dir.InputDigests.result), called only after the
+    timeline is built. Returns the job view's summary (`job_view_summary`)."""
     out_dir = Path(out_dir)
     view = job_view(dataset.tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
                     dataset.tables["streams"].select(list(STREAM_READ_COLUMNS)).to_pandas(),
@@ -42,6 +44,8 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *, inputs: list[dict
     summary = job_view_summary(view)
     tables = {**dataset.tables,
               "events": EVENTS.from_frame(view.events), "clocks": CLOCKS.from_frame(view.clocks)}
+    if callable(inputs):
+        inputs = inputs()
     content = manifest("decode", inputs=inputs or [], command=command,
                        files={f"{name}.parquet": {"rows": table.num_rows} for name, table in tables.items()},
                        job_view={"events": summary["events"], "losses": summary["losses"],
