@@ -57,21 +57,24 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
         prepare_inputs(captures, selection)         # a filter that does not compile fails before anything is made
     out_dir = claim_output_dir(Path(out_dir), captures, force=force)
     digests = InputDigests([file for capture in expand_inputs(captures) for file in capture.files])
-    began = time.monotonic()
-    if engine == "dask":
-        from dlcsniff.decoders.dask_decode import decode_paths_dask
-        dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
-                                    selection=selection)
-    else:
-        dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
-                               meanwhile=_load_writer)
-    decoded = time.monotonic()
-    from dlcsniff.decoders.output import write_decode_output
+    try:
+        began = time.monotonic()
+        if engine == "dask":
+            from dlcsniff.decoders.dask_decode import decode_paths_dask
+            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
+                                        selection=selection)
+        else:
+            dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
+                                   meanwhile=_load_writer)
+        decoded = time.monotonic()
+        from dlcsniff.decoders.output import write_decode_output
 
-    # The tables, and one timeline for the job: a message seen at both ends becomes one event
-    # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet). The
-    # inputs' digests are waited for only once the timeline is built: on a large input, hashing it takes as
-    # long as decoding it.
-    job_view = write_decode_output(dataset, out_dir, inputs=digests.result, command=command)
+        # The tables, and one timeline for the job: a message seen at both ends becomes one event
+        # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet). The
+        # inputs' digests are waited for only once the timeline is built: on a large input, hashing it takes as
+        # long as decoding it.
+        job_view = write_decode_output(dataset, out_dir, inputs=digests.result, command=command)
+    finally:
+        digests.close()
     return DecodeRun(dataset=dataset, job_view=job_view, out_dir=out_dir, decode_s=decoded - began,
                      write_s=time.monotonic() - decoded)

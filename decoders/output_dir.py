@@ -6,8 +6,8 @@
 - `write_manifest` labels it: `manifest.json` says which dlcsniff, which command and which inputs (size and
   sha256) made it, and every file written (tables with their rows). Decode outputs also carry the manifest in
   each Parquet file's metadata (decoders.output).
-- `InputDigests` hashes the input files in background threads while the work runs (hashlib releases the GIL:
-  on a machine with a free core it costs no wall time).
+- `InputDigests` hashes the input files in a forked process while the work runs (on a machine with a free
+  core it costs no wall time).
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import datetime
 import hashlib
 import json
 import os
+import signal
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -83,32 +84,85 @@ def _remove_outputs(out: Path, manifest: dict) -> None:
 
 
 class InputDigests:
-    """sha256 and size of every input file, computed in background threads from the moment it is made."""
+    """sha256 and size of every input file, computed from the moment it is made: in a forked process where
+    there is fork, else in a background thread. (A thread's hashing waits on the GIL whenever this process
+    runs Python, e.g. its imports and the timeline while a worker decodes: beside a busy main thread it took
+    twice as long, on a 1 GB input as long as the whole decode.)"""
 
     def __init__(self, files: Sequence[Path]):
         self._files = [Path(f) for f in files]
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-        self._futures: list[Future] = [self._pool.submit(self._digest, f) for f in self._files]
-        self._pool.shutdown(wait=False)
+        self._digests: list[str | None] | None = None
+        self._pid: int | None = None
+        if not hasattr(os, "fork"):
+            self._thread = threading.Thread(target=self._hash_in_thread, daemon=True, name="sha256")
+            self._thread.start()
+            return
+        read_fd, write_fd = os.pipe()
+        self._pid = os.fork()
+        if self._pid == 0:                     # the child: hash, write the digests, leave without cleanup
+            code = 0
+            try:
+                os.close(read_fd)
+                with os.fdopen(write_fd, "w") as out:
+                    json.dump(self._hash(self._files), out)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self._pipe = os.fdopen(read_fd)
 
     @staticmethod
-    def _digest(path: Path) -> str | None:
-        if not path.is_file():
-            return None                      # a stream (stdin, a fifo): reading it here would take its bytes
-        try:
-            with open(path, "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
-        except OSError:
-            return None                      # a file gone: no digest
+    def _hash(files: list[Path]) -> list[str | None]:
+        digests = []
+        for path in files:
+            if not path.is_file():
+                digests.append(None)           # a stream (stdin, a fifo): reading it here would take its bytes
+                continue
+            try:
+                with open(path, "rb") as f:
+                    digests.append(hashlib.file_digest(f, "sha256").hexdigest())
+            except OSError:
+                digests.append(None)           # a file gone: no digest
+        return digests
+
+    def _hash_in_thread(self) -> None:
+        self._digests = self._hash(self._files)
+
+    def _wait(self) -> list[str | None]:
+        if self._digests is None and self._pid is None:
+            self._thread.join()
+        elif self._digests is None:
+            text = self._pipe.read()
+            try:
+                self._digests = json.loads(text)
+            except ValueError:                 # the child failed: no digests
+                self._digests = [None] * len(self._files)
+            self.close()
+        return self._digests
+
+    def close(self) -> None:
+        """Stop the hashing process if it still runs (when the digests are not wanted after all)."""
+        if self._pid is None:
+            return
+        if self._digests is None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._digests = [None] * len(self._files)
+        self._pipe.close()
+        os.waitpid(self._pid, 0)
+        self._pid = None
 
     def result(self) -> list[dict]:
         out = []
-        for path, future in zip(self._files, self._futures):
+        for path, digest in zip(self._files, self._wait()):
             try:
                 size = path.stat().st_size if path.is_file() else None
             except OSError:
                 size = None
-            out.append({"path": str(path), "size_bytes": size, "sha256": future.result()})
+            out.append({"path": str(path), "size_bytes": size, "sha256": digest})
         return out
 
 
