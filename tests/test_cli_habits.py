@@ -94,3 +94,29 @@ def test_a_flag_does_not_take_the_next_argument_as_its_value(tmp_path):
     """`decode --json true x`: true is a capture path (a flag has no value), and the error says so."""
     result = run("decode", "--json", "true", PCAPS / "zmq", "--out", tmp_path / "o", check=False)
     assert result.returncode == 1 and "true: no such file" in result.stderr
+
+
+def test_the_program_leaves_with_its_exit_code_its_output_and_its_exit_handlers(tmp_path):
+    """`dlcsniff` skips the interpreter's teardown (dlcsniff.cli._leave): what it printed, its exit code and
+    the exit handlers registered (atexit) must all still be there, through pipes."""
+    program = ("import atexit, sys\n"
+               "atexit.register(lambda: print('handler ran', file=sys.stderr))\n"
+               "from dlcsniff.cli import main\n"
+               "main()\n")
+    script = tmp_path / "program.py"
+    script.write_text(program)
+    python = str(REPO / ".venv" / "bin" / "python")
+
+    def program_run(*args):
+        return subprocess.run([python, str(script), *map(str, args)], capture_output=True, text=True)
+
+    version = program_run("-V")
+    assert version.returncode == 0 and version.stdout.startswith("dlcsniff ")
+    assert version.stderr == "handler ran\n"
+    decoded = program_run("decode", PCAPS / "zmq", "--out", tmp_path / "out", "--json")
+    assert decoded.returncode == 0, decoded.stderr
+    assert json.loads(decoded.stdout)["packets"] > 0 and decoded.stderr.endswith("handler ran\n")
+    missing = program_run("decode", tmp_path / "nothing.pcap", "--out", tmp_path / "out2")
+    assert missing.returncode == 1 and "no such file" in missing.stderr and missing.stderr.endswith("handler ran\n")
+    unknown = program_run("no-such-command")
+    assert unknown.returncode == 2 and unknown.stderr.endswith("handler ran\n")

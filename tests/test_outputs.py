@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from dlcsniff import __version__
 from dlcsniff.cli import app
-from dlcsniff.decoders.output_dir import METADATA_KEY
+from dlcsniff.decoders.output_dir import METADATA_KEY, InputDigests
 from tests.conftest import PCAPS, REPO
 
 runner = CliRunner()
@@ -95,3 +96,28 @@ def test_an_unwritable_out_is_one_line_before_any_work():
     result = invoke("decode", PCAPS / "mxnet_sync_large", "--out", "/proc/dlcsniff-out", "--progress")
     assert result.exit_code == 1 and "cannot write to /proc/dlcsniff-out" in result.output
     assert result.output.count("\n") == 1
+
+
+def test_the_inputs_digests_say_what_they_could_not_read_and_the_hashing_stops_when_not_needed(tmp_path):
+    """Hashed in a forked process (decoders.output_dir.InputDigests): a file gone before it was read and a
+    fifo (reading it would take a stream's bytes) have no digest; closed before its result, the process is
+    stopped and reaped."""
+    kept, gone, fifo = tmp_path / "kept.pcap", tmp_path / "gone.pcap", tmp_path / "fifo"
+    kept.write_bytes(b"x" * 100_000)
+    os.mkfifo(fifo)
+    gone.write_bytes(b"y")
+    digests = InputDigests([kept, fifo])
+    assert digests.result() == [
+        {"path": str(kept), "size_bytes": 100_000, "sha256": hashlib.sha256(kept.read_bytes()).hexdigest()},
+        {"path": str(fifo), "size_bytes": None, "sha256": None}]
+    gone.unlink()
+    assert InputDigests([gone]).result() == [{"path": str(gone), "size_bytes": None, "sha256": None}]
+    big = tmp_path / "big.pcap"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)                     # sparse: hashing it takes a while
+    stopped = InputDigests([big])
+    pid = stopped._pid
+    stopped.close()
+    with pytest.raises(ChildProcessError):     # reaped: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+    assert stopped.result()[0]["sha256"] is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -50,6 +51,9 @@ def decode(
     dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp port 9100' --start +2.8s --end +3s;
     gzip -dc pcaps/zmq/client.pcap.gz | dlcsniff decode - --out out/stdin
     """
+    # Before pyarrow loads: its default pool (mimalloc) kept 5-12 MB more resident than the C library's malloc,
+    # for the few MB of tables a decode holds; a user's own ARROW_DEFAULT_MEMORY_POOL wins.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     from dlcsniff.decoders.dask_cluster import ClusterError
     from dlcsniff.decoders.decode_run import decode_to_dir
     from dlcsniff.decoders.errors import CaptureError
