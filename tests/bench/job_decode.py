@@ -79,7 +79,7 @@ def run() -> dict:
         "repeat": REPEAT, "machine": {"before": before, "after": load()},
         "runs": runs, "inputs_sha256": hashed,
         "note": "2 cores: beyond 2 workers nothing can be gained here; the manifest's sha256 of every input runs "
-                "in a thread of the main process beside the workers (its cost alone is inputs_sha256)",
+                "in a forked process beside the workers (its cost alone is inputs_sha256)",
     }
 
 
