@@ -30,7 +30,7 @@ from dlcsniff.analysis.operations import build_records
 from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.overheads import key_overheads
 from dlcsniff.analysis.simulate_network import Calibration, calibrate
-from dlcsniff.analysis.simulate_replay import Program, ReplayError
+from dlcsniff.analysis.simulate_replay import Program, ReplayError, message_times
 from dlcsniff.analysis.summary import ITERATION_STATISTICS, json_value
 
 DEFAULT_ENGINE = "simgrid"
@@ -217,6 +217,7 @@ def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: 
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
     wall = time.monotonic() - began
+    times = message_times(program, times)
     simulated, keys, messages = read(times)
     messages = messages.reset_index(drop=True).assign(**{name: times[name].to_numpy() for name in times.columns})
     summary = _summary(job, what_if, engine, simulated, messages, times, links, wall, str(decode_dir))
@@ -231,7 +232,8 @@ def _predict(job: _Job, what_ifs: list[WhatIf], engine: str, processes: int | No
         results = simulate_all(engine, [(program, links) for program, links, _ in prepared], processes)
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
-    predicted = [_mean(read(times)[0]["iteration_s"]) for (_, _, read), times in zip(prepared, results)]
+    predicted = [_mean(read(message_times(program, times))[0]["iteration_s"])
+                 for (program, _, read), times in zip(prepared, results)]
     return pd.DataFrame({"iteration_s_mean": [np.nan if p is None else p for p in predicted],
                          "wall_s": [times.attrs.get("wall_s", np.nan) for times in results]})
 
