@@ -1,7 +1,8 @@
 """Benchmarks of the capture daemon (root; `make bench` calls `run()`).
 
 - `mxnet_slowdown`: the same real MXNet job (scheduler, 2 servers, 2 workers in namespaces) with and
-  without a daemon per node, alternated, several runs; the ratio of the median training-loop times, for
+  without a daemon per node, alternated (modes in a new order each round), DLCSNIFF_BENCH_CAPTURE_RUNS rounds
+  (7); the ratio of the median training-loop times, and the median of each round's ratio (paired), for
   a communication-bound MLP (every mode: the daemon as it runs by default, with each --zmq-events choice,
   keeping every byte; plain tcpdump, and tcpdump -s 96, the floor of any packet capture) and for LeNet
   (the default daemon and the tcpdump floor). Target: the default daemon at most 3 points above tcpdump
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -40,7 +42,7 @@ RATES_MBIT = (250, 500, 1000, 2000, 3000, 5000)
 STEP_S = 4.0
 ZMQ_PORT = 7400
 BUFFER_MB = 64
-MXNET_RUNS = 7
+MXNET_RUNS = int(os.environ.get("DLCSNIFF_BENCH_CAPTURE_RUNS", "7"))
 # model -> batches: the communication-bound MLP (3 ms a batch) and LeNet (tens of ms a batch, 1.7 MB of
 # parameters pushed and pulled by each worker every batch)
 MXNET_JOBS = {"mlp": 600, "lenet": 150}
@@ -231,8 +233,11 @@ def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) ->
             job_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             capture_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             capture_mb: dict[str, list[float]] = {mode: [] for mode in modes}
+            order = random.Random(f"{model}-capture")
             for index in range(runs):
-                for mode, options in modes.items():
+                # a new order each round: no mode always runs right after the same other one
+                for mode in order.sample(list(modes), len(modes)):
+                    options = modes[mode]
                     directory = Path(scratch) / f"{model}-{mode.replace(' ', '_')}{index}"
                     job = run_mxnet_job(directory, WORKLOAD_PYTHON, batches=batches, model=model, **options)
                     times[mode].append(round(job.training_seconds(), 3))
@@ -243,11 +248,18 @@ def mxnet_slowdown(runs: int = MXNET_RUNS, jobs: dict[str, int] = MXNET_JOBS) ->
             baseline = statistics.median(times["none"])
             ratios = {mode: round(statistics.median(spans) / baseline, 4) for mode, spans in times.items()}
             floor = ratios["tcpdump -s 96"]
+            # paired: run i of a mode over run i without capture (the runs alternate, so a slow stretch of the
+            # machine slows both), the median over runs; a drift of the machine's load cancels out of it
+            paired = {mode: round(statistics.median(span / none for span, none in zip(spans, times["none"])), 4)
+                      for mode, spans in times.items()}
             cpu_baseline = statistics.median(job_cpu["none"])
             cpu_ratios = {mode: round(statistics.median(spent) / cpu_baseline, 4) for mode, spent in job_cpu.items()}
             results[model] = {
                 "ratio": ratios["dlcsniff"], "ratios": ratios,
                 "over_floor_points": {mode: round(100 * (ratio - floor), 1) for mode, ratio in ratios.items()},
+                "paired_ratios": paired,
+                "paired_over_floor_points": {mode: round(100 * (ratio - paired["tcpdump -s 96"]), 1)
+                                             for mode, ratio in paired.items()},
                 # the job's own CPU (all nodes), less disturbed by other work on the machine than wall time
                 "job_cpu_ratios": cpu_ratios,
                 "job_cpu_over_floor_points": {mode: round(100 * (ratio - cpu_ratios["tcpdump -s 96"]), 1)
