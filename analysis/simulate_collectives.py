@@ -16,7 +16,7 @@ computation, and takes the network's pace at another rate:
   rank's progress while it receives goes at the receipt's pace: Gloo's pair holds its lock, the one the rank's
   sends and receive notifications on it need, while it reads; on a host whose cores the traffic saturates,
   its processing takes them). The arriving message is sent in parts, cut there, and the message waits for the
-  part that ends where it left (recorded at 200 and 800 Mbit/s, such waits were a quarter of the arrival at
+  part that ends where it left (recorded at 200 and 800 Mbit/s, such waits ended about 30 % into the arrival at
   both rates: taken as computation, they made most of a Gloo all-reduce's time at 200 Mbit/s a floor
   no faster link could lower).
 

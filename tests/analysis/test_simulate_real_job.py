@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from itertools import pairwise
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_a_gloo_all_reduce_takes_no_more_computation_than_its_steps_leave_beside
                               training=GLOO_TRAINING, timeout_s=300)
     steps = [json.loads((job_dir / f"rank{rank}.json").read_text())["steps"] for rank in range(GLOO_RANKS)]
     period_s = statistics.mean((later["start_ns"] - step["start_ns"]) / 1e9
-                               for rank_steps in steps for step, later in zip(rank_steps, rank_steps[1:]))
+                               for rank_steps in steps for step, later in pairwise(rank_steps))
     # a bandwidth-optimal all-reduce (Gloo's ring) sends 2 (K-1)/K of the gradient from every rank
     sent_bytes = 2 * (GLOO_RANKS - 1) / GLOO_RANKS * GLOO_TRAINING.grad_elements * 4
     on_the_link_s = sent_bytes * 8 / (GLOO_MBIT * 1e6 * EFFICIENCY)
