@@ -119,12 +119,12 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
     measured = worker_iterations(co.rank_trace(model.messages, model.ranks, model.messages["send_ns"].to_numpy(),
                                                model.messages["recv_ns"].to_numpy()))
     calibration = calibrate(co.network_ends(model), co.network_pairs(model), model.ranks, captured_rate_bit_s)
+    program = co.build_program(model)                        # the same at every what-if a collective job takes
 
     def build(what_if: WhatIf):
         if what_if.workers is not None or what_if.servers is not None:
             raise AnalysisError("--workers and --servers apply to parameter-server jobs: a collective job's "
                                 "messages are its library's algorithm for its number of ranks")
-        program = co.build_program(model)
 
         def read(times: pd.DataFrame):
             send = model.origin_ns + np.round(times["start_s"].to_numpy() * 1e9).astype(np.int64)
@@ -134,7 +134,8 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
         return program, np.arange(model.ranks), read
 
     summary = {"kind": "collectives", "ranks": model.ranks, "messages": int(len(model.messages)),
-               "collectives_per_iteration": model.period, "message_ends_unmatched": model.unmatched}
+               "collectives_per_iteration": model.period, "message_ends_unmatched": model.unmatched,
+               "messages_sent_in_parts": int((program.messages["message"].value_counts() > 1).sum())}
     span = (model.messages["recv_ns"].max() - model.origin_ns) / 1e9
     return _Job("collectives", measured, float(span), calibration, [f"rank{r}" for r in range(model.ranks)], summary,
                 build)
