@@ -30,7 +30,7 @@ from dlcsniff.analysis.operations import build_records
 from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.overheads import key_overheads
 from dlcsniff.analysis.simulate_network import Calibration, calibrate
-from dlcsniff.analysis.simulate_replay import Program, ReplayError
+from dlcsniff.analysis.simulate_replay import Program, ReplayError, message_times
 from dlcsniff.analysis.summary import ITERATION_STATISTICS, json_value
 
 DEFAULT_ENGINE = "simgrid"
@@ -119,12 +119,12 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
     measured = worker_iterations(co.rank_trace(model.messages, model.ranks, model.messages["send_ns"].to_numpy(),
                                                model.messages["recv_ns"].to_numpy()))
     calibration = calibrate(co.network_ends(model), co.network_pairs(model), model.ranks, captured_rate_bit_s)
+    program = co.build_program(model)                        # the same at every what-if a collective job takes
 
     def build(what_if: WhatIf):
         if what_if.workers is not None or what_if.servers is not None:
             raise AnalysisError("--workers and --servers apply to parameter-server jobs: a collective job's "
                                 "messages are its library's algorithm for its number of ranks")
-        program = co.build_program(model)
 
         def read(times: pd.DataFrame):
             send = model.origin_ns + np.round(times["start_s"].to_numpy() * 1e9).astype(np.int64)
@@ -134,7 +134,8 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
         return program, np.arange(model.ranks), read
 
     summary = {"kind": "collectives", "ranks": model.ranks, "messages": int(len(model.messages)),
-               "collectives_per_iteration": model.period, "message_ends_unmatched": model.unmatched}
+               "collectives_per_iteration": model.period, "message_ends_unmatched": model.unmatched,
+               "messages_sent_in_parts": int((program.messages["message"].value_counts() > 1).sum())}
     span = (model.messages["recv_ns"].max() - model.origin_ns) / 1e9
     return _Job("collectives", measured, float(span), calibration, [f"rank{r}" for r in range(model.ranks)], summary,
                 build)
@@ -217,6 +218,7 @@ def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: 
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
     wall = time.monotonic() - began
+    times = message_times(program, times)
     simulated, keys, messages = read(times)
     messages = messages.reset_index(drop=True).assign(**{name: times[name].to_numpy() for name in times.columns})
     summary = _summary(job, what_if, engine, simulated, messages, times, links, wall, str(decode_dir))
@@ -231,7 +233,8 @@ def _predict(job: _Job, what_ifs: list[WhatIf], engine: str, processes: int | No
         results = simulate_all(engine, [(program, links) for program, links, _ in prepared], processes)
     except ReplayError as exc:
         raise AnalysisError(str(exc)) from None
-    predicted = [_mean(read(times)[0]["iteration_s"]) for (_, _, read), times in zip(prepared, results)]
+    predicted = [_mean(read(message_times(program, times))[0]["iteration_s"])
+                 for (program, _, read), times in zip(prepared, results)]
     return pd.DataFrame({"iteration_s_mean": [np.nan if p is None else p for p in predicted],
                          "wall_s": [times.attrs.get("wall_s", np.nan) for times in results]})
 

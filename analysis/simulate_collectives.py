@@ -6,8 +6,19 @@ collective keeps the algorithm, chunking and order the library used. A rank send
 received what it had received from each peer before that message left in the capture, and has issued its
 own previous message (happens-before, as trace replay of message-passing programs does); the time from the
 latest of those to the message's issue is its computation (the reduction of a received chunk; between
-collectives, the training step's computation). A message that left while the one before it on its
-connection was still arriving waited in that queue: it is taken as issued as soon as it could be.
+collectives, the training step's computation). What a capture dates later than its rank issued it is not
+computation, and takes the network's pace at another rate:
+- a message that left while the one before it on its connection was still arriving waited in that queue, and
+  one that left while its rank was sending another message waited behind it in the link's queue (a rank's
+  notifications behind its own data; their packets' TCP timestamps show it): each is taken as issued as soon
+  as it could be;
+- a message that left while a message was arriving at its rank left once that share of it had arrived (the
+  rank's progress while it receives goes at the receipt's pace: Gloo's pair holds its lock, the one the rank's
+  sends and receive notifications on it need, while it reads; on a host whose cores the traffic saturates,
+  its processing takes them). The arriving message is sent in parts, cut there, and the message waits for the
+  part that ends where it left (recorded at 200 and 800 Mbit/s, such waits ended about 30 % into the arrival at
+  both rates: taken as computation, they made most of a Gloo all-reduce's time at 200 Mbit/s a floor
+  no faster link could lower).
 
 Iterations: a data-parallel loop repeats the same collectives every step; the job's period is the shortest
 repeating run of (kind, size) in the collectives' order (the whole job when nothing repeats). Per rank and
@@ -111,19 +122,25 @@ def collective_model(decode_dir: str | Path) -> CollectiveModel:
 
 
 def build_program(model: CollectiveModel) -> Program:
-    """Happens-before replay of the captured messages (see the module doc)."""
+    """Happens-before replay of the captured messages (see the module doc): row m of the program is model
+    message m (its last part, when it is sent in parts; column `message` says whose part each row is)."""
     messages = model.messages
     n = len(messages)
     src, dst = messages["src"].to_numpy(), messages["dst"].to_numpy()
     send, recv = messages["send_ns"].to_numpy(np.int64), messages["recv_ns"].to_numpy(np.int64)
-    deps_child, deps_parent, deps_kind, delay = [], [], [], np.zeros(n)
-    # per rank: its sends in order, and what it received from each peer in order of arrival
+    send_last, recv_first = messages["send_last_ns"].to_numpy(np.int64), messages["recv_first_ns"].to_numpy(np.int64)
+    size = messages["size_bytes"].to_numpy(np.int64)
+    deps: list[tuple[int, int, int]] = []                    # (child, parent, kind)
+    delay = np.zeros(n)
+    # per rank: what it received from each peer in order of arrival
     received = {}
     for m in np.argsort(recv, kind="stable"):
         received.setdefault((int(dst[m]), int(src[m])), []).append(int(m))
     arrivals = {key: recv[np.array(ms)] for key, ms in received.items()}
     previous_send: dict[int, int] = {}
     previous_on_connection: dict[tuple[int, int], int] = {}
+    on_the_wire: dict[int, int] = {}                         # per rank: its send that left last so far
+    cuts: dict[int, list[tuple[float, int]]] = {}            # arriving message -> (share arrived, message sent)
     issue = np.zeros(n)
     for m in range(n):                                       # messages are in send order
         rank = int(src[m])
@@ -133,24 +150,76 @@ def build_program(model: CollectiveModel) -> Program:
                 continue
             last = int(np.searchsorted(arrivals[(receiver, peer)], send[m], side="right")) - 1
             if last >= 0:
-                deps_child.append(m), deps_parent.append(ms[last]), deps_kind.append(DELIVERED)
+                deps.append((m, ms[last], DELIVERED))
                 reference = max(reference, float(recv[ms[last]]))
+            arriving = ms[last + 1] if last + 1 < len(ms) else None
+            if arriving is not None and recv_first[arriving] < send[m] and size[arriving] > 1:
+                share = (send[m] - recv_first[arriving]) / (recv[arriving] - recv_first[arriving])
+                cuts.setdefault(arriving, []).append((share, m))
+                reference = max(reference, float(send[m]))
         if rank in previous_send:
             before = previous_send[rank]
-            deps_child.append(m), deps_parent.append(before), deps_kind.append(ISSUED)
+            deps.append((m, before, ISSUED))
             reference = max(reference, issue[before])
         connection = (rank, int(dst[m]))
         queued = connection in previous_on_connection and \
             send[m] < recv[previous_on_connection[connection]] + QUEUE_TOLERANCE_NS
+        sending = on_the_wire.get(rank)
+        queued = queued or (sending is not None and send_last[sending] > send[m])
         issue[m] = reference if queued else max(float(send[m]), reference)
         delay[m] = (issue[m] - reference) / 1e9
         previous_send[rank] = m
         previous_on_connection[connection] = m
-    program_messages = pd.DataFrame({"src": src, "dst": dst, "size_bytes": messages["size_bytes"].to_numpy(),
-                                     "delay_s": delay})
-    deps = pd.DataFrame({"child": np.array(deps_child, np.int64), "parent": np.array(deps_parent, np.int64),
-                         "kind": np.array(deps_kind, np.int8)})
-    return Program(program_messages, deps, model.ranks)
+        if sending is None or send_last[m] > send_last[sending]:
+            on_the_wire[rank] = m
+    return _sent_in_parts(messages, model.ranks, deps, delay, cuts)
+
+
+def _sent_in_parts(messages: pd.DataFrame, ranks: int, deps: list[tuple[int, int, int]], delay: np.ndarray,
+                   cuts: dict[int, list[tuple[float, int]]]) -> Program:
+    """The program with every cut message sent in parts, one after the other on its connection: row m stays
+    message m's last part (what waits for its delivery waits for all of it), its earlier parts are new rows, the
+    first of which takes over what the message waited for and its computation; a message sent while another
+    was arriving waits for the part of it that ends at its share."""
+    n = len(messages)
+    size = messages["size_bytes"].to_numpy(np.int64).copy()
+    delay = delay.copy()
+    first_part = np.arange(n)
+    added: list[tuple[int, int, int]] = []
+    parts: list[tuple[int, int]] = []                        # (message, size_bytes) of each new row
+    for arriving, found in cuts.items():
+        total, done, previous = int(size[arriving]), 0, None
+        for share, child in sorted(found):
+            upto = min(max(round(share * total), done + 1), total - 1)
+            if upto > done:
+                previous_part, previous = previous, n + len(parts)
+                parts.append((arriving, upto - done))
+                if previous_part is None:
+                    first_part[arriving] = previous
+                else:
+                    added.append((previous, previous_part, ISSUED))
+                done = upto
+            added.append((child, previous if previous is not None else arriving, DELIVERED))
+        if previous is not None:
+            size[arriving] = total - done
+            added.append((arriving, previous, ISSUED))
+    part_delay = np.zeros(len(parts))
+    for index, (message, _) in enumerate(parts):
+        if first_part[message] == n + index:
+            part_delay[index], delay[message] = delay[message], 0.0
+    # what a cut message waited for, its first part waits for
+    rows = [(first_part[child], parent, kind) for child, parent, kind in deps] + added
+    owner = np.array([message for message, _ in parts], np.int64)
+    src, dst = messages["src"].to_numpy(np.int64), messages["dst"].to_numpy(np.int64)
+    program_messages = pd.DataFrame({
+        "src": np.concatenate([src, src[owner]]), "dst": np.concatenate([dst, dst[owner]]),
+        "size_bytes": np.concatenate([size, np.array([part for _, part in parts], np.int64)]),
+        "delay_s": np.concatenate([delay, part_delay]), "message": np.concatenate([np.arange(n), owner]),
+    })
+    deps_frame = pd.DataFrame({"child": np.array([row[0] for row in rows], np.int64),
+                               "parent": np.array([row[1] for row in rows], np.int64),
+                               "kind": np.array([row[2] for row in rows], np.int8)})
+    return Program(program_messages, deps_frame, ranks)
 
 
 def rank_trace(messages: pd.DataFrame, ranks: int, send_ns: np.ndarray, recv_ns: np.ndarray) -> Trace:

@@ -35,7 +35,8 @@ class ReplayError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """messages: PROGRAM_COLUMNS, one row per message (row number = message id; src/dst are node indices);
+    """messages: PROGRAM_COLUMNS, one row per message (row number = message id; src/dst are node indices), and
+    optionally `message`: the job's message a row is a part of (a message sent in parts, see `message_times`);
     deps: child, parent (message ids) and kind (DELIVERED or ISSUED)."""
 
     messages: pd.DataFrame
@@ -138,3 +139,14 @@ def replay(program: Program, network: Network) -> pd.DataFrame:
         raise ReplayError(f"{stuck} of {n} messages were never sent: their dependencies form a cycle or wait "
                           "for a message the program does not hold")
     return pd.DataFrame({"issue_s": issue, "start_s": start, "end_s": end})
+
+
+def message_times(program: Program, times: pd.DataFrame) -> pd.DataFrame:
+    """The replay's times per job message when the program sends some in parts (its `message` column): issued
+    and started with its first part, delivered with its last; `times` itself otherwise."""
+    if "message" not in program.messages.columns:
+        return times
+    parts = times.assign(message=program.messages["message"].to_numpy())
+    found = parts.groupby("message", sort=True).agg(issue_s=("issue_s", "min"), start_s=("start_s", "min"),
+                                                    end_s=("end_s", "max"))
+    return found.reset_index(drop=True).rename_axis(None)

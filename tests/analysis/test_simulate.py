@@ -22,7 +22,9 @@ from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Link
 from dlcsniff.analysis.simulate_pslite import (
     ELEMENT_BYTES, MXNET_BIGARRAY_BOUND, build_program, data_messages, place_keys, pslite_model,
 )
-from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program, ReplayError, replay
+import dlcsniff.analysis.simulate_collectives as co
+from dlcsniff.analysis.simulate_collectives import CollectiveModel
+from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program, ReplayError, message_times, replay
 from dlcsniff.cli import app
 
 runner = CliRunner()
@@ -190,6 +192,41 @@ def test_replay_keeps_dependencies_delays_and_one_message_at_a_time_per_connecti
 def test_replay_refuses_a_program_that_cannot_finish():
     with pytest.raises(ReplayError, match="never sent"):
         replay(_program([(0, 1, 1, 0.0), (1, 0, 1, 0.0)], [(0, 1, DELIVERED), (1, 0, DELIVERED)]), _FixedRate(1.0))
+
+
+def _collective_model(rows, ranks=3):
+    """Hand-made captured messages (src, dst, size_bytes, send_ms, send_last_ms, recv_first_ms, recv_ms)."""
+    frame = pd.DataFrame(rows, columns=["src", "dst", "size_bytes", "send_ns", "send_last_ns", "recv_first_ns",
+                                        "recv_ns"])
+    for column in ("send_ns", "send_last_ns", "recv_first_ns", "recv_ns"):
+        frame[column] = (frame[column] * 1_000_000).astype(np.int64)
+    frame = frame.assign(pg="0", kind="all_reduce", seq=0, iteration=0)
+    return CollectiveModel(frame, ranks, 1, 0, 0)
+
+
+def test_a_collective_message_sent_while_one_arrived_waits_for_that_share_of_it_at_any_rate():
+    model = _collective_model([
+        (1, 0, 1000, 0, 1000, 0, 1000),        # 0: a segment arriving at rank 0 over the first second
+        (0, 1, 48, 300, 300, 300, 300),        # 1: rank 0's notification, 30 % into it
+        (2, 0, 48, 2000, 2000, 2000, 2000),    # 2: rank 2's own message, after 2 s of computation
+    ])
+    program = co.build_program(model)
+    assert program.messages["message"].tolist() == [0, 1, 2, 0]
+    assert program.messages["size_bytes"].tolist() == [700, 48, 48, 300]
+    assert program.messages["delay_s"].tolist() == [0.0, 0.0, 2.0, 0.0]
+    for rate_bytes_s in (1000.0, 4000.0):
+        times = message_times(program, replay(program, _FixedRate(rate_bytes_s)))
+        assert times.loc[1, "issue_s"] == pytest.approx(300 / rate_bytes_s)
+        assert times.loc[0, ["start_s", "end_s"]].tolist() == pytest.approx([0.0, 1000 / rate_bytes_s])
+        assert times.loc[2, "issue_s"] == pytest.approx(2.0)
+
+
+def test_a_collective_message_that_left_behind_its_ranks_own_data_is_issued_as_soon_as_it_could_be():
+    model = _collective_model([
+        (0, 1, 1000, 0, 500, 1, 501),          # 0: rank 0's data on its link for half a second
+        (0, 2, 48, 200, 200, 201, 201),        # 1: its next message, which left 0.2 s into it
+    ])
+    assert co.build_program(model).messages["delay_s"].tolist() == [0.0, 0.0]
 
 
 def _links(rate_bit_s: float, nodes: int = 3, latency_s: float = 1e-6) -> Links:
