@@ -40,8 +40,9 @@ def capture(
         "--zmq-events", metavar="none|sends|calls",
         help="libzmq calls to record, for each message's send time (decode: api_ts_ns, send_queue_delay_ns). Each "
              "probed call traps into the kernel, once per frame: on the 5-node MXNet MLP job `sends` (entry of the "
-             "send calls) and `calls` (entry and return of sends and receives) each cost about 7 points of "
-             "training time more than `none` here (make bench); `none` records none.")] = "none",
+             "send calls) and `calls` (entry and return of sends and receives) cost up to about 7 and 10 points "
+             "of training time more than `none` here (make bench; README: what it costs); `none` records "
+             "none.")] = "none",
     print_bpf: Annotated[bool, typer.Option("--print-bpf", **Flag, help="Print the eBPF program and its compiler flags "
                                             "as they would be used here, and exit.")] = False,
 ) -> None:
