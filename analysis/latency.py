@@ -150,8 +150,10 @@ def request_latency(events: pd.DataFrame) -> pd.DataFrame:
         "request_bytes": pairs["size_bytes"].to_numpy(np.int64),
         "response_bytes": pairs["size_bytes_response"].to_numpy(np.int64),
         "connection": pairs["connection"].astype(str).to_numpy(),
-        "view": pd.Categorical(np.select([both, worker, server_only], ["both", "worker", "server"], ""),
-                               categories=list(VIEWS)),
+        # -1: neither end saw the pair whole (null; dropped below)
+        "view": pd.Categorical.from_codes(np.select([both, worker, server_only],
+                                                    [VIEWS.index(view) for view in ("both", "worker", "server")], -1),
+                                          categories=list(VIEWS)),
         "ts_first_ns": part(on_worker | server_only, np.where(on_worker, w_first, s_first)),
         "total_ns": part(on_worker | server_only, np.where(on_worker, w_reply_last - w_first, s_reply_last - s_first)),
         "request_wire_ns": part(on_worker, w_last - w_first),
