@@ -1,14 +1,14 @@
 """What-ifs checked against real runs. The communication-bound MXNet MLP (a 5 MB layer split over both servers)
 recorded at two link rates (tbf each way on every node, lab.record): the capture at one rate predicts the other's
-mean iteration time within issue 14's 15 %. A Gloo all-reduce training loop recorded once: what its model takes
-for computation, the time no faster network removes, fits in what the workload's own record leaves once its
-bytes crossed the link. (`make bench`, section simulate, runs the whole matrix: rates up to the fastest this
-machine sustains, LeNet, Gloo, more workers and servers, both simulators.)"""
+mean iteration time within issue 14's 15 %. A Gloo all-reduce training loop recorded once: what its model keeps
+at any link rate, the time no faster network removes, is the computation the workload's own record shows (its
+steps' matrix products), neither the network's waits nor nothing. (`make bench`, section simulate, runs the
+whole matrix: rates up to the fastest this machine sustains, LeNet, Gloo, more workers and servers, both
+simulators.)"""
 from __future__ import annotations
 
 import json
 import statistics
-from itertools import pairwise
 
 import pytest
 
@@ -24,8 +24,13 @@ pytestmark = pytest.mark.root
 CAPTURED_MBIT, PREDICTED_MBIT = 50, 100
 BATCHES = 4
 GLOO_MBIT, GLOO_RANKS = 200, 4
-GLOO_TRAINING = GlooTraining(steps=6, grad_elements=2_621_440, compute_matmuls=2)
+# computation the workload records: about 60 ms a step on these cores
+GLOO_TRAINING = GlooTraining(steps=6, grad_elements=2_621_440, compute_matmuls=64)
 FASTEST_BIT_S = 100e9
+# what the library does a step beside the workload's computation, which the record does not separate: reducing and
+# copying the 10 MiB gradient, four ranks on two cores (the floor came 6-12 ms above the computation in trial
+# runs with 24 and 64 products); the model before its fix kept 130 ms more
+LIBRARY_WORK_S = 0.020
 
 
 def _decoded(job_dir, tmp_path, name):
@@ -54,20 +59,22 @@ def test_a_capture_at_one_rate_predicts_the_job_at_another(tmp_path):
     assert predicted == pytest.approx(measured, rel=0.15)
 
 
-def test_a_gloo_all_reduce_takes_no_more_computation_than_its_steps_leave_beside_their_bytes(tmp_path):
+def test_a_gloo_all_reduce_keeps_at_any_rate_the_computation_the_workload_recorded(tmp_path):
     require_root()
     job_dir = record_gloo_job(tmp_path, str(require_workloads()), name="gloo_train", rate_mbit=GLOO_MBIT,
                               training=GLOO_TRAINING, timeout_s=300)
     steps = [json.loads((job_dir / f"rank{rank}.json").read_text())["steps"] for rank in range(GLOO_RANKS)]
-    period_s = statistics.mean((later["start_ns"] - step["start_ns"]) / 1e9
-                               for rank_steps in steps for step, later in pairwise(rank_steps))
+    # the workload's record: a step computes, then all-reduces; the all-reduce waits for the slowest rank
+    computation_s = statistics.mean(max(rank_steps[step]["all_reduce_ns"] - rank_steps[step]["start_ns"]
+                                        for rank_steps in steps) / 1e9 for step in range(1, GLOO_TRAINING.steps))
     # a bandwidth-optimal all-reduce (Gloo's ring) sends 2 (K-1)/K of the gradient from every rank
     sent_bytes = 2 * (GLOO_RANKS - 1) / GLOO_RANKS * GLOO_TRAINING.grad_elements * 4
-    on_the_link_s = sent_bytes * 8 / (GLOO_MBIT * 1e6 * EFFICIENCY)
+    at_fastest_s = sent_bytes * 8 / (FASTEST_BIT_S * EFFICIENCY)
     frame, own = predict(_decoded(job_dir, tmp_path, "gloo_train"), [WhatIf(), WhatIf(bandwidth_bit_s=FASTEST_BIT_S)],
                          captured_rate_bit_s=GLOO_MBIT * 1e6)
     replayed, floor = frame["iteration_s_mean"]
-    assert own["measured_iteration_s_mean"] == pytest.approx(period_s, rel=0.15)
     assert replayed == pytest.approx(own["measured_iteration_s_mean"], rel=0.15)
-    # what the model keeps at any link rate is computation: no more than the steps spent besides their bytes
-    assert floor <= period_s - on_the_link_s, (floor, period_s, on_the_link_s)
+    # the capture's step is mostly the link's, and none of that may stay at 100 Gbit/s (the model that took every
+    # wait before a send for computation kept 0.19 s of this job's 0.72 s), nor may the computation go
+    assert own["measured_iteration_s_mean"] > 4 * computation_s
+    assert computation_s <= floor <= computation_s + at_fastest_s + LIBRARY_WORK_S, (floor, computation_s)
