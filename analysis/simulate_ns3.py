@@ -4,7 +4,8 @@ Every node is an ns-3 node on a star: a point-to-point link to one switch node (
 the node's up rate and receiving at its down rate (its host's limit when lower: not shared by both ways, as
 SimGrid's host link is), with half the one-way latency, a drop-tail queue of QUEUE_S at the rate as a switch
 port's buffer. Each direction of a pair of nodes gets one TCP connection
-(ns-3's default TCP: CUBIC, MSS 1448 as at MTU 1500 with timestamps, delayed ACKs), opened when its first
+(ns-3's default TCP: CUBIC, MSS 1448 as at MTU 1500 with timestamps, delayed ACKs; Linux's timers: a least
+retransmission timeout of 200 ms, acknowledgements delayed 40 ms at most), opened when its first
 message leaves; a message is that many bytes written to it, delivered when its last byte is read at the other
 end. The transport (sockets, callbacks, the event loop's stops) is C++ compiled once per process through
 cppyy; ns is imported here only, when a simulation runs (its first import takes several seconds).
@@ -40,6 +41,10 @@ class Transport {
     Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(1448));
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(4 << 20));
     Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(4 << 20));
+    // Linux's timers, as the captured hosts ran: its least retransmission timeout (TCP_RTO_MIN, 200 ms; ns-3's
+    // is 1 s) and its delayed acknowledgement's (TCP_DELACK_MIN, 40 ms; ns-3's 200 ms would now fire the RTO)
+    Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MilliSeconds(200)));
+    Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MilliSeconds(40)));
     m_hosts.Create(n);
     m_switch.Create(1);
     std::vector<NetDeviceContainer> links;
