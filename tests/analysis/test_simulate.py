@@ -20,7 +20,7 @@ from dlcsniff.analysis.operations import (
 from dlcsniff.analysis.simulate_engines import simulate_all
 from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Links
 from dlcsniff.analysis.simulate_pslite import (
-    ELEMENT_BYTES, MXNET_BIGARRAY_BOUND, build_program, data_messages, place_keys, pslite_model,
+    ELEMENT_BYTES, MXNET_BIGARRAY_BOUND, build_program, place_keys, pslite_model,
 )
 import dlcsniff.analysis.simulate_collectives as co
 from dlcsniff.analysis.simulate_collectives import CollectiveModel
@@ -311,7 +311,8 @@ def test_simulate_writes_its_tables_summary_and_manifest(decoded_job, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(result.output)
-    assert summary["parameters"]["bandwidth_bit_s"] == 10e9 and summary["parameters"]["latency_s"] == pytest.approx(20e-6)
+    assert summary["parameters"]["bandwidth_bit_s"] == 10e9
+    assert summary["parameters"]["latency_s"] == pytest.approx(20e-6)
     assert summary["parameters"]["workers"] == 3 and summary["parameters"]["servers"] == 3
     assert summary["replay"] is False
     assert [row["worker_rank"] for row in summary["per_worker"]] == [0, 1, 2]
