@@ -36,7 +36,7 @@ LINK_QUEUE_MS = 20             # a rate-limited link's queue (limit_rate), in ti
 # A rate-limited link's bucket (limit_rate): one millisecond at its rate, but never under LINK_BUCKET_MIN_BYTES.
 # Measured (the Gloo all-reduce job, 4 ranks, 10 MiB a step): with a bucket of 65 kB or less (1 ms at up to
 # 520 Mbit/s), the shaper released the senders' queued segments a timer at a time — 7.5-17 k local timer
-# interrupts a second, against 0.8-2.2 k with 80 kB or more, and 3-10x the network softirqs — and that took the
+# interrupts a second, against 0.8-2.2 k with 80 kB or more, and 2-8x the network softirqs — and that took the
 # cores the job needed: at 400 Mbit/s a step took 0.61-0.69 s with 50-65 kB, 0.33-0.36 s with 80-200 kB
 # (at 800 Mbit/s, 0.43 s with 50 kB, 0.21 s with 100 kB). A NIC has no such cost; 96 KiB is 8 ms at 100 Mbit/s.
 LINK_BUCKET_MIN_BYTES = 96 * 1024
