@@ -58,7 +58,7 @@ def _message_names(messages: pd.DataFrame) -> np.ndarray:
     control = messages["control_cmd"].fillna(-1).to_numpy(np.int64)
     control_names = np.array(CONTROL_CMD_NAMES + ("control",), dtype=object)[
         np.where((control >= 0) & (control < len(CONTROL_CMD_NAMES)), control, len(CONTROL_CMD_NAMES))]
-    command = messages["simple_app_cmd"].fillna("command").to_numpy(object)
+    command = messages["simple_app_cmd"].astype(object).fillna("command").to_numpy(object)
     return np.select([control >= 0, messages["simple_app"].fillna(False).to_numpy(bool)],
                      [control_names, command], data) + way
 
@@ -181,15 +181,18 @@ def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origi
             events.append({"ph": ph, "name": "message", "cat": "message", "id": flow_id, "ts": ts, **track,
                            **({"bp": "e"} if ph == "f" else {})})
 
-    iterations, iteration_events = _iteration_events(trace, origin_ns)
+    iterations, unplaced, iteration_events = _iteration_events(trace, origin_ns)
     events.extend(iteration_events)
-    losses = {"messages_seen_at_one_end": int(len(sightings) - 2 * len(flows))}
+    losses = {"messages_seen_at_one_end": int(len(sightings) - 2 * len(flows)),
+              **({"iterations_without_a_start": unplaced} if unplaced else {})}
     return events, losses, {"message_events": len(sightings), "flows": len(flows), "iterations": iterations}
 
 
-def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, list[dict]]:
-    """Each worker iteration, with phases 1 and 3 tiling it and phase 2 inside phase 3."""
-    iterations = worker_iterations(trace)
+def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, int, list[dict]]:
+    """Each worker iteration, with phases 1 and 3 tiling it and phase 2 inside phase 3; how many were placed,
+    how many could not be (their start unknown: neither the previous iteration's last values nor a push seen)."""
+    found = worker_iterations(trace)
+    iterations = found[found["start_ts_ns"].notna()]
     workers = trace.nodes[trace.nodes["role"] == "worker"].set_index("rank")["node_id"]
     events = []
     for rank in iterations["worker_rank"].unique():
@@ -214,7 +217,7 @@ def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, list[dict]]:
                                          ("phase 2", first_push_us, row.phase2_s)):
             if np.isfinite(seconds):
                 events.append({"ph": "X", "name": phase, "ts": begin_us, "dur": seconds * 1e6, **common, "args": {}})
-    return len(iterations), events
+    return len(iterations), len(found) - len(iterations), events
 
 
 def write_chrome_trace(decode_dir: str | Path, path: str | Path) -> ChromeTrace:

@@ -52,12 +52,15 @@ def worker_iterations(trace: Trace) -> pd.DataFrame:
     phase1 = (per["first_push"] - per["previous_last_pull"]) / 1e9
     phase2 = (per["last_push"] - per["first_push"]) / 1e9
     phase3 = (per["last_pull"] - per["first_push"]) / 1e9
-    start = per["previous_last_pull"].fillna(per["first_push"])
+    start = per["previous_last_pull"].fillna(per["first_push"]).to_numpy()
+    # unknown (neither the previous iteration's last values nor a push seen): null, not a cast NaN
+    known = ~np.isnan(start)
+    start_ts_ns = pd.arrays.IntegerArray(np.where(known, start, 0).astype(np.int64) + origin, ~known)
     workers = trace.nodes[trace.nodes["role"] == "worker"].set_index("rank")["vantage"]
     out = pd.DataFrame({
         "worker_rank": per["worker_rank"].to_numpy(np.int32),
         "iteration": per["iteration"].to_numpy(np.int32),
-        "start_ts_ns": start.to_numpy().astype(np.int64) + origin,
+        "start_ts_ns": start_ts_ns,
         "phase1_s": phase1.to_numpy(), "phase2_s": phase2.to_numpy(), "phase3_s": phase3.to_numpy(),
         "computation_s": (phase1 + phase2).to_numpy(), "communication_s": phase3.to_numpy(),
         "iteration_s": (phase1 + phase3).to_numpy(),

@@ -154,7 +154,7 @@ def iteration_spans(stats: Stats) -> pd.DataFrame:
     """Each worker iteration as a span (worker_rank, iteration, start_ns, end_ns and its phases in ms): from
     the previous iteration's last values (its first push for iteration 0) to its own last values."""
     iterations = stats.iterations
-    start = iterations["start_ts_ns"].to_numpy(np.float64)
+    start = iterations["start_ts_ns"].to_numpy(np.float64, na_value=np.nan)
     first_push = start + np.nan_to_num(iterations["phase1_s"].to_numpy() * 1e9)
     end = first_push + iterations["phase3_s"].to_numpy() * 1e9
     frame = pd.DataFrame({"worker_rank": iterations["worker_rank"].to_numpy(np.int64),

@@ -14,7 +14,8 @@ ITERATIONS = table("iterations", "stats", "worker iteration (SketchDLC's phases,
                    "own records)", [
     ("worker_rank", I32, "the worker"),
     ("iteration", I32, "the iteration, from 0 after initialisation"),
-    ("start_ts_ns", I64, "when it started: the previous iteration's last pull received (else its first push)"),
+    ("start_ts_ns", I64, "when it started: the previous iteration's last pull received (else its first push; "
+                         "null: neither seen)"),
     ("phase1_s", F64, "P1: last pull received of the previous iteration → first push sent"),
     ("phase2_s", F64, "P2: first → last push sent (gradients leave while backward runs)"),
     ("phase3_s", F64, "P3: first push sent → last pull received"),

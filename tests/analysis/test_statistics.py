@@ -2,6 +2,7 @@
 follow from those parameters in closed form (see SyntheticJob), not from the analysis code."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,11 +10,12 @@ import pandas as pd
 import pytest
 
 from dlcsniff.analysis import compute_stats, summary_json
-from dlcsniff.analysis.iterations import ITERATION_COLUMNS
+from dlcsniff.analysis.iterations import ITERATION_COLUMNS, worker_iterations
 from dlcsniff.analysis.load import NODE_COLUMNS, Dataset
-from dlcsniff.analysis.operations import build_records
+from dlcsniff.analysis.operations import ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, build_records
 from dlcsniff.analysis.overheads import KEY_COLUMNS
 from dlcsniff.analysis.describe import describe
+from dlcsniff.analysis.export_chrome import chrome_trace
 from tests.bench.analysis import SyntheticJob, synthetic_messages
 
 JOBS = {
@@ -165,3 +167,27 @@ def test_a_lost_receipt_makes_its_iteration_unknown_not_wrong():
     assert iterations["phase3_s"].isna().tolist() == [False, True, True]
     assert iterations["phase1_s"].isna().tolist() == [True, False, True]     # 1 follows the known 0
     assert iterations["phase2_s"].notna().all()
+
+
+def test_an_iteration_without_a_known_start_has_a_null_start_not_a_made_up_one():
+    job = SyntheticJob(workers=1, servers=1, keys=3, iterations=3, fused=False)
+    dataset = Dataset(synthetic_messages(job), pd.DataFrame(columns=list(NODE_COLUMNS)), "synthetic")
+    trace = build_records(dataset)
+    # the worker's records hold one of iteration 1's values cut short and none of iteration 2's pushes, only
+    # its pulls: nothing says when iteration 2 started
+    records = trace.records.copy()
+    worker = records["node_role"] == ROLE_WORKER
+    cut = records.index[worker & (records["slot"] == SLOT_PULL_RESPONSE) & (records["iteration"] == 1)][:1]
+    lost = worker & (records["slot"] == SLOT_PUSH_REQUEST) & (records["iteration"] == 2)
+    assert len(cut) and lost.any()
+    records.loc[cut, "complete"] = False
+    trace = dataclasses.replace(trace, records=records[~lost])
+    iterations = worker_iterations(trace).set_index("iteration")
+    assert iterations["start_ts_ns"].isna().tolist() == [False, False, True]
+    assert iterations.loc[1, "start_ts_ns"] > iterations.loc[0, "start_ts_ns"] > 0
+    assert iterations.loc[2, ["phase1_s", "iteration_s"]].isna().all()
+    # the Perfetto export places the two it can and says it could not place the third
+    exported = chrome_trace(dataset, trace)
+    assert exported.iterations == 2 and exported.losses["iterations_without_a_start"] == 1
+    placed = [event["name"] for event in exported.document["traceEvents"] if event.get("cat") == "iteration"]
+    assert "iteration 1" in placed and "iteration 2" not in placed
