@@ -96,8 +96,12 @@ def simulate(
     if as_json:
         print(json.dumps(summary, indent=2))
         return
-    title = "replay of the captured network" if summary["replay"] else "what-if"
-    table = Table(title=f"{title} on {engine}: {decode_dir}", title_justify="left")
+    changes = [text for text, given in ((f"every link {bandwidth} each way", bandwidth),
+                                         (f"latency {latency}", latency), (f"{workers} workers", workers),
+                                         (f"{servers} servers", servers)) if given is not None]
+    title = f"what-if ({', '.join(changes)})" if changes else "replay of the captured network"
+    out.print(f"{title} on {engine}: {decode_dir}", soft_wrap=True)
+    table = Table()
     for col in ("", "simulated", "captured"):
         table.add_column(col, justify="left" if not col else "right")
     table.add_row("mean iteration time", _ms(summary["iteration_s_mean"]), _ms(summary["measured_iteration_s_mean"]))
@@ -106,8 +110,9 @@ def simulate(
     table.add_row("mean overlap ratio", _percent(summary["overlap_ratio_mean"]),
                   _percent(summary["measured_overlap_ratio_mean"]))
     out.print(table)
-    workers_table = Table(title="per worker", title_justify="left")
-    for col in ("worker", "iteration", "communication", "overlap", "captured iteration"):
+    unit = "rank" if summary["model"]["kind"] == "collectives" else "worker"
+    workers_table = Table(title=f"per {unit}", title_justify="left")
+    for col in (unit, "iteration", "communication", "overlap", "captured iteration"):
         workers_table.add_column(col, justify="right")
     for row in summary["per_worker"]:
         workers_table.add_row(str(row["worker_rank"]), _ms(row["iteration_s_mean"]), _ms(row["communication_s_mean"]),

@@ -301,6 +301,11 @@ def test_a_collective_job_replays_its_messages(decoded_job, tmp_path):
     assert summary["span_s"] == pytest.approx(summary["measured_span_s"], rel=0.15)
     refused = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim4", "--workers", "4")
     assert refused.exit_code == 1 and "parameter-server" in refused.output and "Traceback" not in refused.output
+    # the table names the what-if and the job's own unit: ranks, not workers
+    shown = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim1g", "--bandwidth", "1Gbit")
+    assert shown.exit_code == 0, shown.output
+    assert "what-if (every link 1Gbit each way) on simgrid" in shown.output
+    assert "per rank" in shown.output and "per worker" not in shown.output
 
 
 def test_simulate_writes_its_tables_summary_and_manifest(decoded_job, tmp_path):
