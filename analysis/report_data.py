@@ -181,13 +181,15 @@ def pslite_traffic_matrix(stats: Stats, trace: Trace) -> tuple[list[str], np.nda
 
 
 def collective_matrices(collectives: CollectiveStats) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Rank names, and per view (all-to-all; every collective) the payload bytes and messages, source rank
-    (rows) × destination rank (columns)."""
+    """Rank names, and per view (all-to-all, where the job ran one; every collective) the payload bytes and
+    messages, source rank (rows) × destination rank (columns)."""
     traffic = collectives.traffic
     ranks = sorted(set(traffic["src_rank"]) | set(traffic["dst_rank"]) | set(collectives.ranks["rank"]))
     views = {}
     for title, kind in (("all-to-all", "all_to_all"), ("every collective", None)):
         mine = traffic if kind is None else traffic[traffic["kind"] == kind]
+        if kind is not None and not len(mine):
+            continue
         messages = (mine.pivot_table(index="src_rank", columns="dst_rank", values="messages", aggfunc="sum")
                     .reindex(index=ranks, columns=ranks).to_numpy(dtype=np.float64))
         views[title] = (volume_matrix(traffic, ranks, kind).to_numpy(np.float64), messages)

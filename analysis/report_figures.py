@@ -164,13 +164,17 @@ def heat_map(figure: Figure, axis: Axes, matrix: np.ndarray, names: list[str], t
 
 
 def matrix_norm(matrix: np.ndarray) -> LogNorm | None:
-    """The log colour scale of a traffic matrix (shared with the interactive matrices); a matrix whose cells
-    all hold the same value gets a decade either side (a colour mid-scale)."""
+    """The log colour scale of a traffic matrix (shared with the interactive matrices). Cells within a decade of
+    each other get a decade either side of their geometric middle, so that nearly equal cells (a ring's links,
+    a few bytes apart) share a colour instead of spanning the whole scale."""
     positive = matrix[np.isfinite(matrix) & (matrix > 0)]
     if not len(positive):
         return None
     low, high = float(positive.min()), float(positive.max())
-    return LogNorm(low / 10, high * 10) if low == high else LogNorm(low, high)
+    if high < 10 * low:
+        middle = float(np.sqrt(low * high))
+        return LogNorm(middle / 10, middle * 10)
+    return LogNorm(low, high)
 
 
 def traffic_figure(stats: Stats, trace: Trace) -> Figure:
@@ -310,11 +314,12 @@ def collective_skew_figure(collectives: CollectiveStats) -> Figure:
 
 
 def collective_matrix_figure(collectives: CollectiveStats) -> Figure:
-    """Rank × rank payload bytes: the all-to-alls (sparse embedding exchange) and every collective."""
+    """Rank × rank payload bytes: the all-to-alls (sparse embedding exchange), where the job ran one, and every
+    collective."""
     names, views = collective_matrices(collectives)
     size = min(9, 3 + 0.5 * len(names))
-    figure = Figure(figsize=(2 * size + 3, size))
-    for axis, (title, (payload, _)) in zip(figure.subplots(1, 2), views.items()):
+    figure = Figure(figsize=(len(views) * size + 1.5 * len(views), size))
+    for axis, (title, (payload, _)) in zip(figure.subplots(1, len(views), squeeze=False)[0], views.items()):
         heat_map(figure, axis, payload, names, f"Payload bytes, {title}", "rank")
     figure.tight_layout()
     return figure
