@@ -107,6 +107,23 @@ def test_parse_pslite_log_takes_a_stray_bracket_before_a_message_as_the_next_ent
     assert log.attrs["unparsed_lines"] == []
 
 
+def test_parse_pslite_log_finishes_an_entry_whose_thread_stalled_after_its_time(tmp_path):
+    # Seen in a real scheduler log (CI, its two cores busy): one thread wrote "[" and its time, then stalled
+    # while the other wrote three whole entries; the rest of its prefix and its message came after them.
+    path = tmp_path / "scheduler.log"
+    barrier = ". Meta: request=1, timestamp={}, control={{ cmd=BARRIER, barrier_group=7 }}\n"
+    path.write_text(
+        "[[00:38:07] 00:38:07] ../3rdparty/ps-lite/src/van.cc:419: 10 => 1" + barrier.format(1)
+        + "[00:38:07] ../3rdparty/ps-lite/src/van.cc:199: Barrier count for 7 : 2\n"
+        "[00:38:07] ../3rdparty/ps-lite/src/van.cc:419: 1 => 1" + barrier.format(4)
+        + "[00:38:07] ../3rdparty/ps-lite/src/van.cc:199: Barrier count for 7 : 3\n"
+        "../3rdparty/ps-lite/src/van.cc:394: ? => 1" + barrier.format(4))
+    log = parse_pslite_log(path)
+    assert list(zip(log["direction"], log["sender_id"].fillna(-1), log["timestamp"])) == [
+        ("recv", 10, 1), ("recv", 1, 4), ("send", -1, 4)]
+    assert log.attrs["unparsed_lines"] == []
+
+
 def test_parse_pslite_log_rejects_an_unknown_meta_layout(tmp_path):
     path = tmp_path / "node.log"
     path.write_text("[08:11:14] ../3rdparty/ps-lite/src/van.cc:394: ? => 1. Meta: request=1, surprise=3\n")

@@ -72,7 +72,9 @@ def _pieces(message_lines: set[str]) -> list[tuple[str, re.Pattern]]:
         ("open", re.compile(r"\[")),
         ("time", re.compile(r"\d\d:\d\d:\d\d")),
         ("close", re.compile(r"\] ")),
-        ("file", re.compile(r"[^\s:\[\]]+")),
+        # a source file ("src/van.cc"), never the digits of another entry's time ("[[00:38:07] 00:38:07] ../van.cc"
+        # is two entries' "[" and time, the first of which goes on after later entries: its thread stalled)
+        ("file", re.compile(r"(?=[^\s:\[\]]*[./])[^\s:\[\]]+")),
         ("colon", re.compile(r":")),
         # followed by its separator, or by another entry's piece ("src/van.cc:555[15:57:50] ..."): never the
         # sender id another entry's message starts with ("9 => 8. Meta: ...", above) or another's time
