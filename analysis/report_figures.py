@@ -318,7 +318,7 @@ def collective_matrix_figure(collectives: CollectiveStats) -> Figure:
     collective."""
     names, views = collective_matrices(collectives)
     size = min(9, 3 + 0.5 * len(names))
-    figure = Figure(figsize=(len(views) * size + 1.5 * len(views), size))
+    figure = Figure(figsize=(len(views) * (size + 1.5), size))
     for axis, (title, (payload, _)) in zip(figure.subplots(1, len(views), squeeze=False)[0], views.items()):
         heat_map(figure, axis, payload, names, f"Payload bytes, {title}", "rank")
     figure.tight_layout()
