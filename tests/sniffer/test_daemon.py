@@ -21,7 +21,7 @@ import pytest
 from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir
 from dlcsniff.decoders.formats import probe_events as ev
-from dlcsniff.decoders.formats.capture_dir import FORMAT
+from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, FORMAT
 from dlcsniff.sniffer.capture_dir import DiskBudget
 from dlcsniff.sniffer.options import DaemonError, capture_filter, parse_ports
 from lab.netns import Cluster
@@ -100,8 +100,10 @@ def allocated_bytes(directory: Path) -> int:
 
 
 def file_digests(directory: Path) -> dict[str, str]:
+    """Every file but the index (capture.json) and the scratch file it is written through, which a SIGKILL can
+    leave behind and the next write of the index replaces."""
     return {entry.name: hashlib.sha256(entry.read_bytes()).hexdigest() for entry in directory.iterdir()
-            if entry.name != "capture.json"}
+            if entry.name not in (CAPTURE_JSON, f".{CAPTURE_JSON}.partial")}
 
 
 @pytest.fixture(scope="module")
