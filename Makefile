@@ -4,12 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 WVENV := .venv-workloads
 # chromium: the report's tests open it in a real browser (headless); xz-utils, zstd: compressed captures in the tests;
-# python3-simgrid: `dlcsniff simulate`'s SimGrid; clang: the capture daemon's BPF tests; gcc, libc6-dev, python3-dev:
-# the decoders' C extensions
-APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps bpfcc-tools python3-bpfcc \
-	linux-headers-amd64 chromium python3-simgrid clang gcc libc6-dev python3-dev
+# python3-simgrid: `dlcsniff simulate`'s SimGrid; clang, libbpf-dev (bpf_helpers.h, libbpf.so.1): the capture
+# daemon's BPF objects, built here once (sniffer/bpf_objects.py); gcc, libc6-dev, python3-dev: the decoders' C
+# extensions
+APT_PACKAGES := tcpdump tshark libpcap-dev xz-utils zstd iproute2 ethtool procps libbpf-dev \
+	chromium python3-simgrid clang gcc libc6-dev python3-dev
 # C sources pip builds into the package (pyproject.toml: ext-modules), each with a pure-Python fallback
-C_SOURCES := decoders/inputs/record_walk.c decoders/tcp_headers.c
+C_SOURCES := decoders/inputs/record_walk.c decoders/tcp_headers.c decoders/protocols/zmtp_scan.c
 RUN_CAPTURE ?= pcaps/mxnet_sync
 # BytePS's ps-lite (from the byteps sdist on PyPI) and the programs the BytePS jobs run: `make byteps`
 BYTEPS_BUILD := build/byteps
@@ -20,9 +21,14 @@ BYTEPS_APT_PACKAGES := libzmq3-dev g++ make python3-dev
 GLOO_MATRIX_OUT ?= out/gloo-matrix
 GLOO_MATRIX_WORLD_SIZES ?= 2 3 4 5 6 7 8
 
-.PHONY: run test bench setup sys workloads byteps pcaps schema gloo-matrix clean
+.PHONY: run test bench setup sys bpf workloads byteps pcaps schema gloo-matrix clean
 
-setup: sys $(VENV)/.installed
+setup: sys $(VENV)/.installed bpf
+
+# The capture daemon's BPF programs, compiled once into CO-RE objects libbpf loads as they are (sniffer/probes/build/,
+# named by a digest of their sources: an edited source is rebuilt here, never loaded stale)
+bpf: $(VENV)/.installed
+	$(VENV)/bin/python -m dlcsniff.sniffer.bpf_objects
 
 # System packages: installed only when one is missing (apt-get needs root, as on these machines).
 define apt_install
@@ -42,17 +48,15 @@ $(VENV)/.installed: pyproject.toml Makefile $(C_SOURCES)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
 	# the compiled parts are optional to pip (each has a fallback), not to `make setup`: say so if one failed
-	$(VENV)/bin/python -c 'import dlcsniff.decoders.inputs._record_walk, dlcsniff.decoders._tcp_headers' || \
+	$(VENV)/bin/python -c 'import dlcsniff.decoders.inputs._record_walk, dlcsniff.decoders._tcp_headers, \
+	  dlcsniff.decoders.protocols._zmtp_scan' || \
 	  { echo "a C extension ($(C_SOURCES)) did not build: see pip's output above" >&2; exit 1; }
 	# MLCommons' own Chakra reader, the tests' independent check of our .et writer. --no-deps: its declared
 	# dependencies pull in ~70 packages (HTA, Jupyter); its schema and reader need only protobuf.
 	$(VENV)/bin/pip install -q --no-deps mlc-chakra==1.0.0
-	# bcc's Python package comes only from Debian (python3-bpfcc, in the system dist-packages): link that one
-	# package into the venv, nothing else of dist-packages.
-	ln -sfn "$$(/usr/bin/python3 -c 'import bcc, os; print(os.path.dirname(bcc.__file__))')" \
-	  "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc"
 	# `dlcsniff simulate`'s engines: SimGrid 3.32 from Debian (python3-simgrid: one compiled module in the system
-	# dist-packages, linked in as bcc is) and ns-3 3.44 from PyPI (its wheel, with cppyy bindings).
+	# dist-packages, linked into the venv, nothing else of dist-packages) and ns-3 3.44 from PyPI (its wheel, with
+	# cppyy bindings).
 	ln -sfn "$$(/usr/bin/python3 -c 'import simgrid; print(simgrid.__file__)' 2>/dev/null)" \
 	  "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	$(VENV)/bin/pip install -q ns3==3.44.post0

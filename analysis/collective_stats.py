@@ -2,7 +2,7 @@
 each rank's time its collectives take.
 
 Inputs are a decoded job's collectives.parquet (one row per operation per capture, each capture being one
-rank's vantage point) and the collective libraries' messages (analysis.load.load_collectives). A rank's
+rank's vantage point) and the collective libraries' messages (JobModel.collectives, analysis.job_model). A rank's
 `ts_first_ns` / `ts_last_ns` for an operation are the first and last byte of that operation's messages on its wire
 (sent or received): a peer's early message can open it before the rank called the library, and its own last
 send can still be leaving after the call returned. A point-to-point send and its receive, seen at both ends,
@@ -23,7 +23,7 @@ Bandwidths follow nccl-tests (NVIDIA/nccl-tests, doc/PERFORMANCE.md and src/<col
 | send_recv | the message | 1 |
 
 with n the group's world size. S is the collective's tensor_bytes, which the decoder recovers from the
-traffic in these conventions (decoders/collectives.py); across ranks the median of the ranks' estimates.
+traffic in these conventions (decoders/protocols/gloo/collectives.py); across ranks the median of the ranks' estimates.
 t is a rank's own time for its per-rank bandwidth, and the operation's span (first start → last end over
 the ranks) for the operation's (nccl-tests by default reports the mean of the ranks' own times: that mean is
 rank_time_mean_ns). A barrier moves no data: no bandwidth. Bandwidths are in GB/s (1e9 bytes/s, bytes/ns).
@@ -45,13 +45,14 @@ is the computation gaps (or idle); time with two or more is communication overla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dlcsniff.analysis.load import CollectiveDataset, load_collectives
-from dlcsniff.analysis.describe import describe, human_bytes
+from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.load import CollectiveDataset
+from dlcsniff.analysis.describe import describe
+from dlcsniff.analysis.display import duration, human_bytes, percent
 from dlcsniff.analysis.stats_schema import (COLLECTIVE_CONCURRENCY, COLLECTIVE_OVERLAP, COLLECTIVE_RANKS,
                                             COLLECTIVE_STATS, COLLECTIVE_TRAFFIC)
 
@@ -125,6 +126,12 @@ def _operation_names(operations: pd.DataFrame) -> pd.Series:
                                                                                                    "dst_rank"))
     pair = np.where(operations["kind"] == SEND_RECV, " " + src + "→" + dst, "")
     return operations["kind"].astype(str) + pair + "#" + operations["seq"].astype(str)
+
+
+def operation_names(collectives: pd.DataFrame) -> pd.Series:
+    """What `stats` and the report call the operation each row of collectives.parquet (one rank's view) is part
+    of: all_reduce#3, send_recv 0→1#0."""
+    return _operation_names(_with_operation_key(collectives))
 
 
 def operation_statistics(collectives: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -277,8 +284,8 @@ def _clock(data: CollectiveDataset) -> dict:
     aligned = sorted(set(captures) & set(data.clocks["capture"].astype(str)))
     raw = sorted(set(captures) - set(aligned))
     return {"aligned": aligned, "raw": raw, "reference": str(data.clocks["reference"].iloc[0]),
-            "note": f"aligned to {data.clocks['reference'].iloc[0]}'s clock" + (
-                f"; own clock: {', '.join(raw)}" if raw else "")}
+            "note": f"aligned to the clock of capture {data.clocks['reference'].iloc[0]}" + (
+                f"; captures on their own clock: {', '.join(raw)}" if raw else "")}
 
 
 def _floats(values: pd.Series) -> np.ndarray:
@@ -312,6 +319,18 @@ def _summary(data: CollectiveDataset, operations: pd.DataFrame, traffic: pd.Data
     }
 
 
+# What each of the collective losses counts, and why (the stats summary's losses_explained)
+COLLECTIVE_LOSSES = {
+    "incomplete_collectives": "collective operations a capture did not see whole (holes): their sizes are short",
+    "collectives_not_seen_at_every_rank": "collective operations some rank's capture lacks (not every rank was "
+                                          "captured, or a capture started late or ended early): their times and "
+                                          "skew are those of the ranks seen",
+    "collective_messages_without_ranks": "collective library messages whose sender, receiver or direction the "
+                                         "decode could not place (no rendezvous seen): left out of the rank "
+                                         "matrices",
+}
+
+
 def _losses(data: CollectiveDataset, operations: pd.DataFrame) -> dict:
     messages = data.messages
     expected = np.where(operations["kind"] == SEND_RECV, 2, operations["world_size"])
@@ -336,14 +355,10 @@ def collective_statistics(data: CollectiveDataset) -> CollectiveStats:
                            overlap=overlap, summary=summary)
 
 
-def collective_statistics_of(decode_dir: str | Path) -> CollectiveStats | None:
-    """The collective statistics of a decode output; None when the job has no collective operation."""
-    data = load_collectives(decode_dir)
+def collective_statistics_of(job: JobModel) -> CollectiveStats | None:
+    """The collective statistics of a job; None when it has no collective operation."""
+    data = job.collectives
     return None if data is None else collective_statistics(data)
-
-
-def _ms(ns: float | None, unit: str = " ms") -> str:
-    return "n/a" if ns is None or not np.isfinite(ns) else f"{ns / 1e6:,.3f}{unit}"
 
 
 def collective_headline(summary: dict) -> list[tuple[str, str]]:
@@ -357,18 +372,22 @@ def collective_headline(summary: dict) -> list[tuple[str, str]]:
                                   f"({', '.join(summary['protocols'])})"),
         ("timeline", summary["clock"]["note"]),
         ("communication fraction per rank", ", ".join(
-            f"r{row['rank']}: {row['communication_fraction'] * 100:.1f} %" for row in per_rank
+            f"r{row['rank']}: {percent(row['communication_fraction'])}" for row in per_rank
             if row["communication_fraction"] is not None and np.isfinite(row["communication_fraction"])) or "n/a"),
-        ("time with 2+ collectives in flight", ", ".join(f"r{row['rank']}: {_ms(row['concurrent_ns'])}"
+        ("time with 2+ collectives in flight", ", ".join(f"r{row['rank']}: {duration(row['concurrent_ns'], 'ns')}"
                                                          for row in per_rank) or "n/a"),
         ("all-to-all / all-reduce bytes", f"{human_bytes(volume['all_to_all_bytes'])} / "
                                           f"{human_bytes(volume['all_reduce_bytes'])}"
-                                          + ("" if share is None else f" (all-to-all {share * 100:.1f} %)")),
+                                          + ("" if share is None else f" (all-to-all {percent(share)})")),
     ]
 
 
 KIND_TABLE_HEADER = ("kind", "ops", "size p50", "time p50 ms", "busbw p50 GB/s", "start skew max ms",
                      "end skew max ms")
+
+
+def _duration_ms(ns: float | None) -> str:
+    return duration(ns, "ns", with_unit=False)
 
 
 def collective_kind_rows(summary: dict) -> list[tuple[str, ...]]:
@@ -380,6 +399,7 @@ def collective_kind_rows(summary: dict) -> list[tuple[str, ...]]:
     for kind, found in summary["by_kind"].items():
         busbw = pick(found["busbw_gb_per_s"], "p50")
         rows.append((kind, f"{found['operations']:,}", human_bytes(pick(found["size_bytes"], "p50")),
-                     _ms(pick(found["time_ns"], "p50"), ""), "n/a" if busbw is None else f"{busbw:.4g}",
-                     _ms(pick(found["start_skew_ns"], "max"), ""), _ms(pick(found["end_skew_ns"], "max"), "")))
+                     _duration_ms(pick(found["time_ns"], "p50")), "n/a" if busbw is None else f"{busbw:.4g}",
+                     _duration_ms(pick(found["start_skew_ns"], "max")),
+                     _duration_ms(pick(found["end_skew_ns"], "max"))))
     return rows

@@ -1,4 +1,4 @@
-"""Distribution summaries (count, mean, percentiles) and human-readable sizes, shared by every statistic."""
+"""Distribution summaries (count, mean, percentiles), shared by every statistic."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +17,3 @@ def describe(values: pd.Series | np.ndarray) -> dict | None:
     found.update({name: float(np.quantile(array, q)) for name, q in QUANTILES.items()})
     found["max"] = float(array.max())
     return found
-
-
-def human_bytes(size: float | None) -> str:
-    if size is None:
-        return "n/a"
-    for unit, factor in (("MB", 1e6), ("kB", 1e3)):
-        if size >= factor:
-            return f"{size / factor:.2f} {unit}"
-    return f"{size:.0f} B"

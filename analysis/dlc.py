@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from dlcsniff.analysis.load import AnalysisError
+from dlcsniff.analysis.names import capture_label, node_label
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_REQUEST,
     SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, Trace, group_starts, node_role_rank,
@@ -41,10 +42,10 @@ NO_DEPENDENCY = "-1"
 @dataclass(frozen=True, slots=True)
 class DlcFile:
     path: Path
-    node: str
+    node: str                      # by role and rank: "worker rank 1" (analysis.names)
     records: int
     vantage: str
-    captures: str
+    captures: str                  # the captures' names in the tables, ", "-separated
 
 
 def _text(values: np.ndarray) -> pa.Array:
@@ -152,15 +153,17 @@ def dlc_table(trace: Trace) -> pd.DataFrame:
     return table.sort_values(["node_id", "ID"], ignore_index=True)
 
 
-def _banner(node: pd.Series, trace: Trace) -> str:
+def _banner(node: pd.Series, trace: Trace, captures: dict[str, str]) -> str:
     topology = trace.topology
+    seen = ", ".join(capture_label(capture, captures) for capture in node["captures"].split(", "))
     if node["vantage"] == "own":
-        vantage = f"vantage: this node's own capture ({node['captures']})"
+        vantage = f"vantage: this node's own capture ({seen})"
     else:
-        vantage = (f"vantage: its peers' captures ({node['captures']}); the dataset has no capture of this node, "
+        vantage = (f"vantage: its peers' captures ({seen}); the dataset has no capture of this node, "
                    "so times are when the peers saw each message")
     lines = [
-        f"dlcsniff DLC trace of {node['name']} (ps-lite node {node['node_id']}, DLC rank {node['dlc_rank']}), "
+        f"dlcsniff DLC trace of {node_label(node['role'], node['rank'])} (ps-lite node {node['node_id']}, DLC rank "
+        f"{node['dlc_rank']}), "
         "SketchDLC record format",
         vantage,
         f"job: {topology.workers} workers (DLC ranks 0-{topology.workers - 1}), {topology.servers} servers "
@@ -169,7 +172,8 @@ def _banner(node: pd.Series, trace: Trace) -> str:
         f"Dep_PP: 2*iteration+1 push, 2*iteration+2 pull, {NUM_PP_INIT} initialisation (kv.init push, first "
         f"pulls), {NUM_PP_SETUP} commands and set-up",
         "OP_ID: key-operation_num-peer, operation_num = 4*(iteration+1) + (0 push request, 1 push response, "
-        "2 pull request, 3 pull response, the fused push-pull response included); NA: request not captured",
+        "2 pull request, 3 pull response, the fused push-pull response included); NA: no iteration (a response of "
+        "an unknown tensor whose request no capture saw)",
         "dep_Type: 0 independent, 1 Push_on_Push, 2 Pull_on_Push, 3 Pull_on_Pull, 4 Push_on_Pull; "
         "dTime: microseconds since the record depended on (the latest of a list)",
         "time: a send at its first byte, a receipt at its last byte, as captured",
@@ -181,8 +185,9 @@ def dlc_file_name(node: pd.Series) -> str:
     return "scheduler.txt" if node["role"] == "scheduler" else f"{node['role']}{node['rank']}.txt"
 
 
-def write_dlc(trace: Trace, out_dir: str | Path) -> list[DlcFile]:
-    """Write one trace file per node into out_dir (created if needed)."""
+def write_dlc(trace: Trace, out_dir: str | Path, captures: dict[str, str] | None = None) -> list[DlcFile]:
+    """Write one trace file per node into out_dir (created if needed); `captures`: how to show each capture
+    (analysis.names.capture_labels)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,11 +201,12 @@ def write_dlc(trace: Trace, out_dir: str | Path) -> list[DlcFile]:
         path = out_dir / dlc_file_name(node)
         try:
             with open(path, "wb") as trace_file:
-                trace_file.write((_banner(node, trace) + DLC_HEADER + "\n").encode("utf-8"))
+                trace_file.write((_banner(node, trace, captures or {}) + DLC_HEADER + "\n").encode("utf-8"))
                 pa_csv.write_csv(lines, trace_file, write_options=lines_only)
         except OSError as exc:
             raise AnalysisError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        written.append(DlcFile(path=path, node=node["name"], records=lines.num_rows, vantage=node["vantage"],
+        written.append(DlcFile(path=path, node=node_label(node["role"], node["rank"]), records=lines.num_rows,
+                               vantage=node["vantage"],
                                captures=node["captures"]))
     return written
 

@@ -21,7 +21,7 @@ the requests it answers), and the COMP node that produced what a message carries
 worker's COMP nodes in program order. A dependency on something later in time (the DLC rules assume an
 order MXNet does not always keep, e.g. an initial pull answered after the first push) is dropped and counted.
 
-Collectives (rows of collectives.parquet, decoders.collectives: one per operation of the capture's own rank,
+Collectives (rows of collectives.parquet, decoders/schema.py: one per operation of the capture's own rank,
 `local_rank`): a COMM_COLL_NODE with comm_type and comm_size (tensor bytes) per collective, send and recv
 as COMM_SEND/COMM_RECV (peer from `peers`, comm_tag = seq, the operation's number between that pair); per
 rank they form one chain in time order, with a COMP_NODE for each gap of at least a microsecond between the
@@ -41,7 +41,8 @@ import pandas as pd
 
 from dlcsniff.analysis.chakra_schema import AttributeProto, CollectiveCommType, GlobalMetadata, Node, NodeType, delimited
 from dlcsniff.analysis.dlc import dlc_table
-from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset, read_columns
+from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.load import AnalysisError, Dataset
 from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.operations import (
     CATEGORY_CONTROL, CATEGORY_DATA, INIT_ITERATION, NO_ITERATION, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE,
@@ -60,6 +61,22 @@ COLLECTIVE_KINDS = {
 POINT_TO_POINT = {"send": NodeType.COMM_SEND_NODE, "recv": NodeType.COMM_RECV_NODE}
 MIN_COMPUTE_NS = 1000              # shorter gaps have no duration in Chakra's microseconds
 NONE = -1
+
+# What each of the export's losses counts, and why it was left out (export --json's losses_explained)
+CHAKRA_LOSSES = {
+    "records_without_other_end": "send or receive records of messages only one end's capture saw: left out, as a "
+                                 "replay would wait for ever for the other end",
+    "dependencies_on_records_not_exported": "DLC trace dependencies on records left out (above, or control "
+                                            "traffic): dropped with them",
+    "dependencies_against_time_dropped": "dependencies on a node that comes later in its rank's time than the "
+                                         "node depending on it (a DLC rule the capture contradicts: MXNet may "
+                                         "answer a tensor's initial pull after the first push, and after the "
+                                         "computation before that push began): dropped, as a replay would wait "
+                                         "for ever",
+    "collectives_of_unknown_kind": "collective operations whose kind Chakra has no type for: left out",
+    "collectives_of_unknown_rank": "collective operations whose capture's rank the decode could not name: "
+                                   "left out",
+}
 
 # One row per Chakra node (before ids are given); `ref` names it in the edge table.
 NODE_COLUMNS = ("ref", "rank", "start_ns", "duration_ns", "node_type", "name", "comm_src", "comm_dst", "comm_tag",
@@ -377,18 +394,17 @@ def _pslite_part(dataset: Dataset) -> Dataset | None:
     return Dataset(messages=messages, nodes=dataset.nodes, source=dataset.source) if len(messages) else None
 
 
-def write_chakra_traces(decode_dir: str | Path, out_dir: str | Path, *, force: bool = False) -> ChakraExport:
+def write_chakra_traces(job: JobModel, out_dir: str | Path, *, force: bool = False) -> ChakraExport:
     """`dlcsniff export --format chakra`: `<out_dir>/<job>.<rank>.et` per rank, <job> the decode directory's name
     (and manifest.json)."""
-    out_dir = claim(out_dir, decode_dir, force=force)
-    dataset = load_dataset(decode_dir)
-    pslite = _pslite_part(dataset)
+    out_dir = claim(out_dir, job.path, kind="chakra", force=force)
+    pslite = _pslite_part(job.pslite)
     trace = build_records(pslite) if pslite is not None else None
-    collectives_path = Path(decode_dir) / "collectives.parquet"
-    collectives = read_columns(collectives_path, COLLECTIVE_COLUMNS) if collectives_path.exists() else None
-    name = Path(decode_dir).resolve().name or "job"
-    written = write_chakra(chakra_graph(trace, collectives), out_dir, name, source=str(decode_dir))
-    label(out_dir, "chakra", decode_dir, [file.path for file in written.files])
+    # the operations as decoded, each on its capture's clock
+    collectives = job.table("collectives", COLLECTIVE_COLUMNS) if job.has_table("collectives") else None
+    name = job.path.resolve().name or "job"
+    written = write_chakra(chakra_graph(trace, collectives), out_dir, name, source=job.source)
+    label(out_dir, "chakra", job, [file.path for file in written.files])
     return written
 
 

@@ -1,10 +1,18 @@
 """Chrome trace event JSON of a decoded job: the whole job on one timeline in Perfetto or chrome://tracing.
 
-- One process per ps-lite node (pid = its ps-lite id, named "worker0", "server1", "scheduler"; sorted workers,
-  servers, scheduler) and on it one track per connection direction: "send → server1", "recv ← server1".
-- An X (complete) event per message at each end whose capture is that node's vantage point (the one the DLC
-  trace uses: its own capture, else its peers'), from the message's first to its last byte there. Messages
-  of one TCP direction follow each other, so a track's events never overlap.
+- One process per ps-lite node (pid = its ps-lite id, named by role and rank: "worker rank 0", "server rank 1",
+  "scheduler" (analysis.names); labelled with the capture it was seen in, by its file: "capture worker1.pcap.gz";
+  sorted workers, servers, scheduler) and on it the tracks of each connection direction: "send → server rank 1",
+  "recv ← server rank 1".
+- A message is a slice from its first byte to its last on the job's clock: from the first byte sent to the last
+  byte received when both ends' captures saw it (the earliest and latest of the two captures' times, should
+  the clocks put a receipt before its send), else as the one capture saw it; at each end whose capture is that
+  node's vantage point (the one the DLC trace uses: its own capture, else its peers'). Named by its kind and
+  tensor as the report spells them ("push-pull request k3@s1": tensor key 3 on server rank 1), a SimpleApp or
+  control command by its name.
+- Slices on one track never overlap: messages of one direction that were on the wire at the same time go on
+  lanes of their own, "send → server rank 1 (2)" and on (analysis.lanes: the fewest lanes, never touching), so
+  that a viewer draws every slice and binds each flow to exactly one.
 - A flow (s → f, the f bound to its enclosing slice, each written right after its slice) from the send to the
   receipt of every message seen at both ends: the k-th message with the same ps-lite identity (sender,
   receiver, request/push/pull, app, customer, timestamp, command, key) at the sender is the k-th at the
@@ -23,13 +31,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dlcsniff.analysis.export_chrome_collectives import CollectivePart, collective_part, shifted
+from dlcsniff.analysis.export_chrome_collectives import CollectivePart, collective_part, here_args, lane_name, shifted
 from dlcsniff.analysis.iterations import worker_iterations
-from dlcsniff.analysis.load import AnalysisError, Dataset, load_dataset
-from dlcsniff.analysis.operations import Trace, dlc_ranks, node_names, pslite_trace
-from dlcsniff.decoders.vantage import vantage_points
-from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
+from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.load import AnalysisError, Dataset
+from dlcsniff.analysis.outputs import claim_file
+from dlcsniff.analysis.lanes import lanes_per_track
+from dlcsniff.analysis.names import capture_label, node_labels
+from dlcsniff.analysis.operations import Trace, dlc_ranks, pslite_trace
+from dlcsniff.decoders.protocols.pslite.vantage import vantage_points
+from dlcsniff.decoders.protocols.pslite.decoder import CONTROL_CMD_NAMES, PUSH_PULL
 
+CHROME_GENERATOR = "dlcsniff export --format chrome"
 ITERATIONS_TID = 0
 IDENTITY = ("sender_id", "recver_id", "request", "push", "pull", "simple_app", "app_id", "customer_id",
             "ps_timestamp", "control_cmd", "tensor_key")
@@ -50,17 +63,23 @@ def _us(ns: np.ndarray | pd.Series) -> np.ndarray:
 
 
 def _message_names(messages: pd.DataFrame) -> np.ndarray:
-    """"push request", "pushpull response", a SimpleApp command's name, a control command's name..."""
+    """"push-pull request k3@s1", "push response k0@s0", a SimpleApp command's name, a control command's name...:
+    the report's spelling of kinds (push, pull, push-pull) and tensors (key@server rank)."""
     push = messages["push"].fillna(False).to_numpy(bool)
     pull = messages["pull"].fillna(False).to_numpy(bool) | ~push
-    data = np.where(push & pull, "pushpull", np.where(push, "push", "pull")).astype(object)
+    data = np.where(push & pull, PUSH_PULL, np.where(push, "push", "pull")).astype(object)
     way = np.where(messages["request"].fillna(False).to_numpy(bool), " request", " response")
     control = messages["control_cmd"].fillna(-1).to_numpy(np.int64)
     control_names = np.array(CONTROL_CMD_NAMES + ("control",), dtype=object)[
         np.where((control >= 0) & (control < len(CONTROL_CMD_NAMES)), control, len(CONTROL_CMD_NAMES))]
     command = messages["simple_app_cmd"].astype(object).fillna("command").to_numpy(object)
-    return np.select([control >= 0, messages["simple_app"].fillna(False).to_numpy(bool)],
-                     [control_names, command], data) + way
+    key = " k" + messages["tensor_key"].astype("Int64").astype("string")
+    # a frame without the servers' ranks (built by hand, not read from a decode output) names the tensor alone
+    server_rank = messages["server_rank"] if "server_rank" in messages else pd.Series(pd.NA, index=messages.index)
+    server = ("@s" + server_rank.astype("Int64").astype("string")).fillna("")
+    tensor = (key + server).fillna("").to_numpy(object)
+    is_data = ~((control >= 0) | messages["simple_app"].fillna(False).to_numpy(bool))
+    return np.select([control >= 0, ~is_data], [control_names, command], data) + way + np.where(is_data, tensor, "")
 
 
 def _sightings(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
@@ -98,9 +117,10 @@ def _flows(messages: pd.DataFrame, sightings: pd.DataFrame) -> pd.DataFrame:
 
 
 def chrome_trace(dataset: Dataset | None, trace: Trace | None, collectives: CollectivePart | None = None,
-                 source: str = "") -> ChromeTrace:
+                 source: str = "", captures: dict[str, str] | None = None) -> ChromeTrace:
     """The job's trace events, with what they could not show: its ps-lite part (dataset and trace, None for
-    a job without ps-lite messages) and its collectives' (analysis.export_chrome_collectives)."""
+    a job without ps-lite messages) and its collectives' (analysis.export_chrome_collectives); `captures`:
+    how to show each capture (analysis.names.capture_labels)."""
     messages = dataset.messages if dataset is not None else pd.DataFrame(columns=["sender_id", "recver_id"])
     named = messages["sender_id"].notna().to_numpy() & messages["recver_id"].notna().to_numpy()
     messages = messages[named].reset_index(drop=True)
@@ -110,10 +130,10 @@ def chrome_trace(dataset: Dataset | None, trace: Trace | None, collectives: Coll
     starts = ([int(messages["ts_first_ns"].min())] if len(messages) else []) + (
         [collectives.origin_ns] if collectives is not None and collectives.origin_ns is not None else [])
     origin_ns = min(starts)
-    other = {"source": source, "origin_unix_ns": origin_ns, "generator": "dlcsniff export --format chrome"}
+    other = {"generator": CHROME_GENERATOR, "source": source, "origin_unix_ns": origin_ns}
     events, losses, found = [], {}, {"message_events": 0, "flows": 0, "iterations": 0}
     if len(messages):
-        events, losses, found = _pslite_events(messages, dataset, trace, origin_ns)
+        events, losses, found = _pslite_events(messages, dataset, trace, origin_ns, captures or {})
         other["kvstore_mode"] = trace.mode
         losses["messages_without_node"] = int((~named).sum())
     if collectives is not None:
@@ -121,27 +141,45 @@ def chrome_trace(dataset: Dataset | None, trace: Trace | None, collectives: Coll
         losses.update(collectives.losses)
         found["message_events"] += collectives.message_events
         found["flows"] += collectives.flows
-    return ChromeTrace(document={"traceEvents": events, "displayTimeUnit": "ns", "otherData": other},
+    # otherData first: its generator, in the file's first bytes, tells the file for what it is (write_chrome_trace)
+    return ChromeTrace(document={"otherData": other, "displayTimeUnit": "ns", "traceEvents": events},
                        losses=losses, collective_operations=collectives.operations if collectives else 0, **found)
 
 
-def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origin_ns: int
+def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origin_ns: int, captures: dict[str, str]
                    ) -> tuple[list[dict], dict, dict]:
     """The ps-lite nodes' processes, message slices and flows, and the workers' iterations."""
     sightings = _sightings(messages, dataset.nodes)
+    flows = _flows(messages, sightings)
+    # a message seen at both ends: one span, from the first byte of either capture to the last of either
+    start_ns = sightings["ts_first_ns"].to_numpy(np.int64, copy=True)
+    end_ns = sightings["ts_last_ns"].to_numpy(np.int64, copy=True)
+    send, recv = flows["sighting_send"].to_numpy(np.int64), flows["sighting_recv"].to_numpy(np.int64)
+    pair_start, pair_end = np.minimum(start_ns[send], start_ns[recv]), np.maximum(end_ns[send], end_ns[recv])
+    start_ns[send], start_ns[recv], end_ns[send], end_ns[recv] = pair_start, pair_start, pair_end, pair_end
+    sightings = sightings.assign(start_ns=start_ns, end_ns=end_ns)
+    sightings["lane"] = lanes_per_track(sightings, ["node_id", "peer_id", "is_send"])
 
     nodes = np.unique(np.concatenate([sightings["node_id"].to_numpy(), sightings["peer_id"].to_numpy()]))
-    process_names = dict(zip(nodes, node_names(nodes)))
+    process_names = dict(zip(nodes, node_labels(nodes)))
     sort_index = dict(zip(nodes, dlc_ranks(nodes, trace.topology)))
-    tracks = sightings[["node_id", "peer_id", "is_send"]].drop_duplicates().assign(
+    tracks = sightings[["node_id", "peer_id", "is_send", "lane"]].drop_duplicates().assign(
         peer_rank=lambda t: [sort_index[p] for p in t["peer_id"]]).sort_values(
-        ["node_id", "peer_rank", "peer_id", "is_send"], ascending=[True, True, True, False], ignore_index=True)
-    tracks["tid"] = tracks.groupby("node_id").cumcount() + ITERATIONS_TID + 1
-    sightings = sightings.merge(tracks[["node_id", "peer_id", "is_send", "tid"]], on=["node_id", "peer_id", "is_send"])
+        ["node_id", "peer_rank", "peer_id", "is_send", "lane"], ascending=[True, True, True, False, True],
+        ignore_index=True)
+    iterations, unplaced, iteration_events, iteration_tracks = _iteration_events(trace, origin_ns)
+    # a node's message tracks come after its iteration tracks (tid 0 is kept for them on every node)
+    tracks["tid"] = tracks.groupby("node_id").cumcount() + ITERATIONS_TID + tracks["node_id"].map(
+        lambda node: iteration_tracks.get(int(node), 1))
+    track_key = ["node_id", "peer_id", "is_send", "lane"]
+    sightings = sightings.reset_index(names="sighting").merge(tracks[[*track_key, "tid"]], on=track_key).sort_values(
+        "sighting", ignore_index=True)
 
     events: list[dict] = []
-    labels = {row.node_id: f"capture {row.captures}" if row.vantage == "own" else
-              f"no capture of its own, seen from {row.captures}" for row in trace.nodes.itertuples(index=False)}
+    labels = {}
+    for row in trace.nodes.itertuples(index=False):
+        seen = ", ".join(capture_label(capture, captures) for capture in row.captures.split(", "))
+        labels[row.node_id] = f"capture {seen}" if row.vantage == "own" else f"no capture of its own, seen from {seen}"
     for node in nodes:
         events.append({"ph": "M", "name": "process_name", "pid": int(node), "tid": 0,
                        "args": {"name": process_names[node]}})
@@ -154,21 +192,22 @@ def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origi
                        "args": {"sort_index": rank if rank >= 0 else trace.topology.scheduler_dlc_rank + 1}})
     for track in tracks.itertuples(index=False):
         peer = process_names[track.peer_id]
+        name = f"send → {peer}" if track.is_send else f"recv ← {peer}"
         events.append({"ph": "M", "name": "thread_name", "pid": int(track.node_id), "tid": int(track.tid),
-                       "args": {"name": f"send → {peer}" if track.is_send else f"recv ← {peer}"}})
+                       "args": {"name": lane_name(name, int(track.lane))}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": int(track.node_id), "tid": int(track.tid),
                        "args": {"sort_index": int(track.tid)}})
 
     # each flow event right after the slice it binds to: a viewer that reads events at one instant in file
     # order then finds that slice open, even when it lasts no time
-    flows = _flows(messages, sightings)
     flow_ends = {int(end): (flow_id, ph) for ph, column in (("s", "sighting_send"), ("f", "sighting_recv"))
                  for flow_id, end in enumerate(flows[column])}
-    start_us = _us(sightings["ts_first_ns"] - origin_ns)
-    duration_us = _us(sightings["ts_last_ns"] - sightings["ts_first_ns"])
+    start_us = _us(sightings["start_ns"] - origin_ns)
+    duration_us = _us(sightings["end_ns"] - sightings["start_ns"])
     for sighting, (row, ts, dur) in enumerate(zip(sightings.itertuples(index=False), start_us, duration_us)):
-        args = {"size_bytes": int(row.size_bytes), "peer": process_names[row.peer_id], "capture": row.capture,
-                "complete": bool(row.complete)}
+        args = {"size_bytes": int(row.size_bytes), "peer": process_names[row.peer_id],
+                "capture": capture_label(row.capture, captures), "complete": bool(row.complete),
+                **here_args(row.start_ns, row.ts_first_ns, row.ts_last_ns)}
         if row.tensor_key == row.tensor_key:
             args["tensor_key"] = int(row.tensor_key)
         if row.ps_timestamp == row.ps_timestamp:
@@ -181,54 +220,70 @@ def _pslite_events(messages: pd.DataFrame, dataset: Dataset, trace: Trace, origi
             events.append({"ph": ph, "name": "message", "cat": "message", "id": flow_id, "ts": ts, **track,
                            **({"bp": "e"} if ph == "f" else {})})
 
-    iterations, unplaced, iteration_events = _iteration_events(trace, origin_ns)
     events.extend(iteration_events)
-    losses = {"messages_seen_at_one_end": int(len(sightings) - 2 * len(flows)),
-              **({"iterations_without_a_start": unplaced} if unplaced else {})}
+    losses = {"messages_seen_at_one_end": int(len(sightings) - 2 * len(flows)), **unplaced}
     return events, losses, {"message_events": len(sightings), "flows": len(flows), "iterations": iterations}
 
 
-def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, int, list[dict]]:
+def _iteration_events(trace: Trace, origin_ns: int) -> tuple[int, dict[str, int], list[dict], dict[int, int]]:
     """Each worker iteration, with phases 1 and 3 tiling it and phase 2 inside phase 3; how many were placed,
-    how many could not be (their start unknown: neither the previous iteration's last values nor a push seen)."""
+    what could not be (`iterations_without_a_start`: neither the previous iteration's last values nor a push
+    seen; `iteration_spans_negative`: an iteration or phase whose end came before its start, as a capture that
+    lost messages can make them), and how many tracks each worker's iterations take: an iteration whose phases
+    reach into the next one's goes on a lane of its own, "iterations (2)", so that each track's slices nest."""
     found = worker_iterations(trace)
-    iterations = found[found["start_ts_ns"].notna()]
+    iterations = found[found["start_ts_ns"].notna()].reset_index(drop=True)
     workers = trace.nodes[trace.nodes["role"] == "worker"].set_index("rank")["node_id"]
+    # ns since origin_ns: float64 keeps nanoseconds there (not at 1.8e18 ns since the epoch)
+    start_ns = (iterations["start_ts_ns"].to_numpy(np.int64) - origin_ns).astype(np.float64)
+    first_push_ns = start_ns + np.nan_to_num(iterations["phase1_s"].to_numpy() * 1e9)
+    # (name, begin, duration) of each iteration's slices
+    # an iteration is phase 1 + phase 3: drawn only where phase 1 is, so that its phases nest in it
+    spans = [(None, start_ns, np.where(iterations["phase1_s"].to_numpy() < 0, -1.0,
+                                       iterations["iteration_s"].to_numpy() * 1e9)),
+             ("phase 1", start_ns, iterations["phase1_s"].to_numpy() * 1e9),
+             ("phase 3", first_push_ns, iterations["phase3_s"].to_numpy() * 1e9),
+             ("phase 2", first_push_ns, iterations["phase2_s"].to_numpy() * 1e9)]
+    negative = sum(int((duration < 0).sum()) for _, _, duration in spans)
+    drawn = [(name, begin, np.where(duration >= 0, duration, np.nan)) for name, begin, duration in spans]
+    extent = pd.DataFrame({"pid": workers.reindex(iterations["worker_rank"]).to_numpy(np.int64),
+                           "start_ns": np.fmin.reduce([begin for _, begin, _ in drawn]),
+                           "end_ns": np.fmax.reduce([start_ns] + [begin + duration for _, begin, duration in drawn])})
+    extent["lane"] = lanes_per_track(extent, ["pid"], touching=True)      # no flows there: one may end as the next starts
+    tracks = extent.groupby("pid")["lane"].max() + 1
     events = []
-    for rank in iterations["worker_rank"].unique():
-        pid = int(workers[rank])
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": ITERATIONS_TID,
-                       "args": {"name": "iterations"}})
-    for row in iterations.itertuples(index=False):
-        pid = int(workers[row.worker_rank])
-        start_us = (row.start_ts_ns - origin_ns) / 1000.0
-        name = f"iteration {row.iteration}"
-        common = {"pid": pid, "tid": ITERATIONS_TID, "cat": "iteration"}
+    for pid, count in tracks.items():
+        for lane in range(count):
+            events.append({"ph": "M", "name": "thread_name", "pid": int(pid), "tid": ITERATIONS_TID + lane,
+                           "args": {"name": lane_name("iterations", lane)}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": int(pid), "tid": ITERATIONS_TID + lane,
+                           "args": {"sort_index": ITERATIONS_TID + lane}})
+    for index, (row, pid, lane) in enumerate(zip(iterations.itertuples(index=False), extent["pid"], extent["lane"])):
+        common = {"pid": int(pid), "tid": ITERATIONS_TID + int(lane), "cat": "iteration"}
         args = {"iteration": int(row.iteration)}
         if np.isfinite(row.overlap_ratio):
             args["overlap_ratio"] = float(row.overlap_ratio)
-        if np.isfinite(row.iteration_s):
-            events.append({"ph": "X", "name": name, "ts": start_us, "dur": row.iteration_s * 1e6, **common,
-                           "args": args})
-        else:
-            events.append({"ph": "i", "s": "t", "name": name, "ts": start_us, **common, "args": args})
-        first_push_us = start_us + (row.phase1_s * 1e6 if np.isfinite(row.phase1_s) else 0.0)
-        for phase, begin_us, seconds in (("phase 1", start_us, row.phase1_s), ("phase 3", first_push_us, row.phase3_s),
-                                         ("phase 2", first_push_us, row.phase2_s)):
-            if np.isfinite(seconds):
-                events.append({"ph": "X", "name": phase, "ts": begin_us, "dur": seconds * 1e6, **common, "args": {}})
-    return len(iterations), len(found) - len(iterations), events
+        for name, begin, duration in drawn:
+            ts = begin[index] / 1000.0
+            if name is None and not np.isfinite(duration[index]):
+                events.append({"ph": "i", "s": "t", "name": f"iteration {row.iteration}", "ts": ts, **common,
+                               "args": args})
+            elif np.isfinite(duration[index]):
+                events.append({"ph": "X", "name": name or f"iteration {row.iteration}", "ts": ts,
+                               "dur": duration[index] / 1000.0, **common, "args": {} if name else args})
+    losses = {"iterations_without_a_start": len(found) - len(iterations), "iteration_spans_negative": negative}
+    return len(iterations), {k: v for k, v in losses.items() if v}, events, {int(p): int(n) for p, n in tracks.items()}
 
 
-def write_chrome_trace(decode_dir: str | Path, path: str | Path) -> ChromeTrace:
-    """`dlcsniff export --format chrome`: the job's Chrome trace event JSON in one file."""
-    dataset = load_dataset(decode_dir)
-    trace = pslite_trace(dataset)
-    found = chrome_trace(dataset if trace is not None else None, trace, collective_part(decode_dir),
-                         source=str(decode_dir))
-    path = Path(path)
+def write_chrome_trace(job: JobModel, path: str | Path, *, force: bool = False) -> ChromeTrace:
+    """`dlcsniff export --format chrome`: the job's Chrome trace event JSON in one file, claimed before any work
+    (analysis.outputs: an existing file only when it is an earlier Chrome export and `force` is given)."""
+    job.pslite                                  # first: is it a decode output at all? (claiming makes the folder)
+    path = claim_file(path, marker=f'"generator":"{CHROME_GENERATOR}"'.encode(), command=CHROME_GENERATOR, force=force)
+    trace = pslite_trace(job.pslite)
+    found = chrome_trace(job.pslite if trace is not None else None, trace, collective_part(job, job.captures),
+                         source=job.source, captures=job.captures)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", encoding="utf-8") as out:
             json.dump(found.document, out, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except OSError as exc:

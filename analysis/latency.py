@@ -35,18 +35,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dlcsniff.decoders.clocks import align
-from dlcsniff.analysis.load import load_job_view, read_columns
+from dlcsniff.analysis.job_model import JobModel
 from dlcsniff.decoders.timeline import JobView, connection_names
-from dlcsniff.decoders.vantage import capture_hosts
+from dlcsniff.decoders.capture_hosts import capture_hosts
 from dlcsniff.analysis.describe import describe
 from dlcsniff.analysis.stats_schema import CONNECTIONS, IN_FLIGHT, KEY_UPDATES, REQUESTS
 
@@ -319,23 +317,21 @@ def job_summary(view: JobView, requests: pd.DataFrame, in_flight: pd.DataFrame, 
     }
 
 
-def job_statistics(decode_dir: str | Path) -> JobStats:
-    """The merged view's statistics of a decode output (events and clocks as `load_job_view` gives them)."""
-    decode_dir = Path(decode_dir)
-    view = load_job_view(decode_dir)
+def job_statistics(job: JobModel) -> JobStats:
+    """The merged view's statistics of a job (events and clocks as its model's view gives them)."""
+    view = job.view
     # requests, key updates and sparse pushes are ps-lite's; the other protocols' events take part in the
     # clocks and the losses only
     view = JobView(events=view.events[(view.events["protocol"] == "pslite").to_numpy(bool)], clocks=view.clocks,
                    losses=view.losses)
     requests = request_latency(view.events)
     in_flight = requests_in_flight(requests)
-    streams = read_columns(decode_dir / "streams.parquet", STREAM_COLUMNS)
-    zmtp = read_columns(decode_dir / "zmtp.parquet", ZMTP_COLUMNS)
+    streams = job.table("streams", STREAM_COLUMNS)
+    zmtp = job.table("zmtp", ZMTP_COLUMNS)
     connections = connection_setup(streams, zmtp, view.clocks)
     events = view.events
     push = events[_requests(events) & events["push"].fillna(False).to_numpy(bool)]
-    lists = pq.read_table(decode_dir / "messages.parquet", columns=["keys", "lens"]).take(
-        pa.array(push["message_row"].to_numpy(np.int64)))
+    lists = job.arrow("messages", ("keys", "lens")).take(pa.array(push["message_row"].to_numpy(np.int64)))
     keys = key_updates(lists.column("keys").combine_chunks(), lists.column("lens").combine_chunks(),
                        push["req_type"].to_numpy(object), push["tensor_key"].to_numpy())
     summary = job_summary(view, requests, in_flight, connections, keys)

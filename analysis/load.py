@@ -1,10 +1,12 @@
-"""The edge of analysis/: read a `dlcsniff decode` output directory into DataFrames.
+"""The edge of analysis/: the parsers of a `dlcsniff decode` output directory, which the job model
+(analysis.job_model) reads its parts with; load_dataset, load_collectives and load_job_view read one part
+alone, for scripts and tests.
 
 Only the scalar columns the analysis needs are read (list columns such as `keys` cost more to load than all
-the statistics cost to compute). When the directory holds clocks.parquet (see analysis.merge), every
+the statistics cost to compute). When the directory holds clocks.parquet (decoders.clocks), every
 message's times are put on the job's one timeline, the reference capture's clock; each capture's own
 reading stays in capture_ts_first_ns / capture_ts_last_ns. The same holds for the collective operations
-(collectives.parquet) that `load_collectives` reads, with the collective libraries' messages.
+(collectives.parquet), with the collective libraries' messages.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class AnalysisError(Exception):
 MESSAGE_COLUMNS = (
     "capture", "ts_first_ns", "ts_last_ns", "sender_id", "recver_id", "request", "push", "pull", "simple_app",
     "ps_timestamp", "app_id", "customer_id", "control_cmd", "size_bytes", "tensor_key", "req_type", "rows",
-    "simple_app_cmd", "complete", "flavor",
+    "simple_app_cmd", "complete", "flavor", "server_rank",
 )
 NODE_COLUMNS = ("node_id", "role", "rank", "hostname", "port")
 COLLECTIVE_COLUMNS = (
@@ -69,11 +71,8 @@ def read_columns(path: Path, columns: tuple[str, ...], protocol: str | None = No
     holds ps-lite, Gloo, NCCL and RoCE messages side by side); with `where`, only the rows it selects."""
     if not path.exists():
         raise AnalysisError(f"{path}: not found — is {path.parent} the output of `dlcsniff decode`?")
-    try:
-        schema = pq.read_schema(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise AnalysisError(f"{path}: not a readable Parquet file ({exc})") from exc
-    missing = [name for name in columns if name not in schema.names]
+    present = _column_names(path)
+    missing = [name for name in columns if name not in present]
     if missing:
         raise AnalysisError(f"{path}: missing columns {', '.join(missing)} — written by another dlcsniff version?")
     try:
@@ -84,22 +83,57 @@ def read_columns(path: Path, columns: tuple[str, ...], protocol: str | None = No
         raise AnalysisError(f"{path}: cannot read ({exc})") from exc
 
 
-def load_dataset(decode_dir: str | Path) -> Dataset:
-    """Read DIR/messages.parquet and DIR/nodes.parquet (the output of `dlcsniff decode DIR`), on the job's
-    one timeline when DIR/clocks.parquet is there."""
+def decode_dir_of(decode_dir: str | Path) -> Path:
+    """decode_dir as a Path, if it is a directory (else the error that says what to give)."""
     decode_dir = Path(decode_dir)
     if not decode_dir.is_dir():
         raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    messages = read_columns(decode_dir / "messages.parquet", MESSAGE_COLUMNS, protocol="pslite")
+    return decode_dir
+
+
+def _column_names(path: Path) -> list[str]:
+    try:
+        return pq.read_schema(path).names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise AnalysisError(f"{path}: not a readable Parquet file ({exc})") from exc
+
+
+def require_decode_output(decode_dir: str | Path) -> Path:
+    """decode_dir as a Path, if it holds the tables every analysis reads (else AnalysisError: a command checks
+    this before it makes its own output, so that a wrong directory leaves nothing behind)."""
+    decode_dir = decode_dir_of(decode_dir)
+    missing = [f"{name}.parquet" for name in ("messages", "nodes") if not (decode_dir / f"{name}.parquet").is_file()]
+    if missing:
+        raise AnalysisError(f"{decode_dir}: not the output of `dlcsniff decode` (no {' or '.join(missing)}): give "
+                            "the --out directory of `dlcsniff decode`")
+    return decode_dir
+
+
+def load_dataset(decode_dir: str | Path) -> Dataset:
+    """Read DIR/messages.parquet and DIR/nodes.parquet (the output of `dlcsniff decode DIR`), on the job's
+    one timeline when DIR/clocks.parquet is there."""
+    decode_dir = require_decode_output(decode_dir)
+    return pslite_dataset(decode_dir, load_clocks(decode_dir))
+
+
+def pslite_dataset(decode_dir: Path, clocks: pd.DataFrame | None) -> Dataset:
+    """load_dataset, with DIR/clocks.parquet as read already (None: absent)."""
+    path = decode_dir / "messages.parquet"
+    # an output older than them lacks the decode's iterations (analysis.operations numbers them then) and the
+    # messages' event ids
+    present = _column_names(path) if path.exists() else []
+    later = tuple(name for name in ("iteration", "event_id") if name in present)
+    messages = read_columns(path, MESSAGE_COLUMNS + later, protocol="pslite")
     nodes = read_columns(decode_dir / "nodes.parquet", NODE_COLUMNS)
-    clocks = _clocks(decode_dir)
     if clocks is not None:
         _align(messages, clocks)
     return Dataset(messages=messages, nodes=nodes, source=str(decode_dir), clocks=clocks)
 
 
-def _clocks(decode_dir: Path) -> pd.DataFrame | None:
-    return read_columns(decode_dir / "clocks.parquet", CLOCK_COLUMNS) if (decode_dir / "clocks.parquet").exists() else None
+def load_clocks(decode_dir: str | Path) -> pd.DataFrame | None:
+    """DIR/clocks.parquet; None for an output without it."""
+    path = Path(decode_dir) / "clocks.parquet"
+    return read_columns(path, CLOCK_COLUMNS) if path.exists() else None
 
 
 def _align(table: pd.DataFrame, clocks: pd.DataFrame) -> None:
@@ -114,6 +148,11 @@ def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
     captures DIR/clocks.parquet aligns (the others keep their own clock); None when the job has no
     collective operation (or was decoded before dlcsniff knew them)."""
     decode_dir = Path(decode_dir)
+    return collective_dataset(decode_dir, load_clocks(decode_dir))
+
+
+def collective_dataset(decode_dir: Path, clocks: pd.DataFrame | None) -> CollectiveDataset | None:
+    """load_collectives, with DIR/clocks.parquet as read already (None: absent)."""
     path = decode_dir / "collectives.parquet"
     if not path.exists():
         return None
@@ -122,7 +161,6 @@ def load_collectives(decode_dir: str | Path) -> CollectiveDataset | None:
         return None
     messages = read_columns(decode_dir / "messages.parquet", COLLECTIVE_MESSAGE_COLUMNS,
                      where=pc.field("collective").is_valid())
-    clocks = _clocks(decode_dir)
     aligned = None if clocks is None else clocks[clocks["aligned"].fillna(False).astype(bool).to_numpy()]
     if aligned is not None and len(aligned):
         _align(collectives, aligned)
@@ -142,15 +180,41 @@ def decode_manifest(decode_dir: str | Path) -> dict | None:
 def load_job_view(decode_dir: str | Path) -> JobView:
     """The job's timeline as `dlcsniff decode` wrote it (events.parquet, clocks.parquet, and the losses in
     manifest.json); recomputed from messages and streams for an output written before it had them."""
-    decode_dir = Path(decode_dir)
-    if not decode_dir.is_dir():
-        raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
-    manifest = decode_manifest(decode_dir)
+    decode_dir = decode_dir_of(decode_dir)
+    return job_view_of(decode_dir, decode_manifest(decode_dir), load_clocks(decode_dir))
+
+
+def job_view_of(decode_dir: Path, manifest: dict | None, clocks: pd.DataFrame | None) -> JobView:
+    """load_job_view, with DIR/manifest.json and DIR/clocks.parquet as read already (None: absent)."""
     losses = (manifest or {}).get("job_view", {}).get("losses")
-    events_path, clocks_path = decode_dir / "events.parquet", decode_dir / "clocks.parquet"
-    if losses is not None and events_path.exists() and clocks_path.exists():
-        return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=read_columns(clocks_path, CLOCK_COLUMNS),
-                       losses=losses)
+    events_path = decode_dir / "events.parquet"
+    if losses is not None and events_path.exists() and clocks is not None:
+        return JobView(events=read_columns(events_path, EVENT_COLUMNS), clocks=clocks, losses=losses)
     return job_view(read_columns(decode_dir / "messages.parquet", MESSAGE_READ_COLUMNS),
                     read_columns(decode_dir / "streams.parquet", STREAM_READ_COLUMNS),
                     read_columns(decode_dir / "nodes.parquet", NODE_READ_COLUMNS))
+
+
+@dataclass(frozen=True, slots=True)
+class WireView:
+    """What the judgements on the wire read (analysis/diagnosis.py, analysis/network_behaviour.py): the job's
+    messages each once (events, on the job's one timeline), its collective operations (aligned where the
+    clocks align them, else None), its streams (the named columns) and clocks."""
+
+    events: pd.DataFrame
+    collectives: pd.DataFrame | None
+    streams: pd.DataFrame
+    clocks: pd.DataFrame | None
+    source: str
+
+
+def load_streams(decode_dir: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The named columns of DIR/streams.parquet, null where an output older than a column lacks it (the RoCE
+    signals' times, its UDP source ports)."""
+    path = Path(decode_dir) / "streams.parquet"
+    try:
+        present = set(pq.read_schema(path).names)
+    except (pa.ArrowInvalid, OSError):          # missing or unreadable: read_columns says which
+        present = set(columns)
+    streams = read_columns(path, tuple(name for name in columns if name in present))
+    return streams.assign(**{name: None for name in columns if name not in present})

@@ -14,14 +14,9 @@ Data messages map onto the paper's four worker-side and four server-side operati
 | 2 | pull request | Pull_Send_Worker | Pull_Recv_Server |
 | 3 | pull response (and the fused push-pull's: it carries the new values) | Pull_Recv_Worker | Pull_Send_Server |
 
-Rounds: per (node, peer, tensor key), requests in the worker's dispatch order (the ps-lite timestamp, a per
-customer request counter, so both ends of a connection agree whatever the capture timing) are numbered by
-their push: the n-th push opens round n. Iteration = round - 1, except that the first push of a key is
-kv.init (iteration -1) when it asks for no values back (not a fused push-pull) and no pull of that key
-preceded it; pulls belong to the round of the latest push before them, so the pulls of the initial broadcast
-are iteration -1 too, as is the first plain pull of a dense tensor that training push-pulls when it comes in
-the first training round (the broadcast pull may leave after the first training push-pull). A response
-inherits its request's.
+Iterations are the decode's (messages.parquet `iteration`: decoders.pslite_job.message_iterations numbers
+each worker's rounds per server and tensor over every capture of the job); a response without one takes its
+matched request's.
 """
 from __future__ import annotations
 
@@ -31,15 +26,15 @@ import numpy as np
 import pandas as pd
 
 from dlcsniff.analysis.load import AnalysisError, Dataset
-from dlcsniff.decoders.protocols.pslite import CONTROL_CMD_NAMES
-from dlcsniff.decoders.vantage import vantage_points
+from dlcsniff.decoders.protocols.pslite.decoder import CONTROL_CMD_NAMES
+from dlcsniff.decoders.protocols.pslite.job import INIT_ITERATION, cumsum_within, message_iterations
+from dlcsniff.decoders.protocols.pslite.vantage import vantage_points
 
 SCHEDULER_ID = 1                   # ps-lite: scheduler 1, server rank r = 8 + 2r, worker rank r = 9 + 2r
 ROLE_UNKNOWN, ROLE_SCHEDULER, ROLE_SERVER, ROLE_WORKER = range(4)
 ROLE_NAMES = ("unknown", "scheduler", "server", "worker")
 CATEGORY_DATA, CATEGORY_COMMAND, CATEGORY_CONTROL = range(3)
 SLOT_PUSH_REQUEST, SLOT_PUSH_RESPONSE, SLOT_PULL_REQUEST, SLOT_PULL_RESPONSE = range(4)
-INIT_ITERATION = -1                # kv.init and the initial pulls
 NO_ITERATION = -2                  # a response whose request is not in the data; control records
 
 WORKER_OPERATIONS = ("Push_Send_Worker", "Push_Recv_Worker", "Pull_Send_Worker", "Pull_Recv_Worker")
@@ -53,6 +48,29 @@ SCHEDULER_OPERATIONS = tuple(f"{name}_{way}_Scheduler" for name in CONTROL_NAMES
 OPERATIONS = DLC_OPERATIONS + WORKER_COMMAND_OPERATIONS + SERVER_COMMAND_OPERATIONS + SCHEDULER_OPERATIONS
 # the paper's split: the four operations that carry tensors, and the four constant-size ones
 LONG_OPERATIONS = ("Push_Send_Worker", "Pull_Recv_Worker", "Push_Recv_Server", "Pull_Send_Server")
+
+# What each of a Trace's losses counts, and why: the stats summary's losses_explained, the CLI and the report say it
+DROPPED_REASONS = ("records_dropped_control", "records_dropped_unknown_node", "records_dropped_outside_kv")
+TRACE_LOSSES = {
+    "messages": "ps-lite messages of the job the records are made from, each once (events.parquet)",
+    "observations": "the captures' sightings of those messages (messages.parquet rows: a message seen at both "
+                    "ends twice)",
+    "records": "records of the trace: each message's send at its sender and its receipt at its receiver, where "
+               "their own captures (or, lacking one, their peers') saw them",
+    "records_seen_twice_dropped": "records of a node without a capture of its own, seen again in another of its "
+                                  "peers' captures: the first sighting kept",
+    "records_dropped": "records no trace file holds, for the reasons below",
+    "records_dropped_control": "control messages at a worker or server with another worker or server or itself "
+                               "(heartbeats, the TERMINATE each node sends itself at shutdown): a trace holds "
+                               "control traffic in the scheduler's file only",
+    "records_dropped_unknown_node": "records whose node or peer the decode could not name (no id from an "
+                                    "identity, routing frame, announcement or address): no file to put them in",
+    "records_dropped_outside_kv": "data or SimpleApp messages not between a worker and a server, or going the way "
+                                  "its role never sends them: the trace's operations are a worker's and a server's",
+    "responses_without_request": "responses whose request the captures did not hold (they started later, or lost "
+                                 "it): no request time, so no overhead from them",
+    "incomplete_records": "records of messages a capture did not see whole (holes): their lengths are short",
+}
 
 RECORD_COLUMNS = (
     "node_id", "peer_id", "node_role", "dlc_rank", "peer_dlc_rank", "worker_rank", "server_rank", "is_send",
@@ -142,11 +160,11 @@ def _message_kind(messages: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.nd
     return category.astype(np.int8), slot.astype(np.int8), fused & (category == CATEGORY_DATA)
 
 
-def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """The sender's and the receiver's record of every message seen from their vantage points, for the
-    records some trace file holds; and how many seen records none holds (control traffic between workers
-    and servers, unknown node ids...). A worker's or server's view of its control traffic with the scheduler
-    is not counted: the scheduler's trace holds it."""
+    records some trace file holds; and how many seen records none holds, by why (TRACE_LOSSES:
+    records_dropped_control, _unknown_node, _outside_kv). A worker's or server's view of its control traffic
+    with the scheduler is not counted: the scheduler's trace holds it."""
     capture = pd.Categorical(messages["capture"])
     n_captures = max(len(capture.categories), 1)
     vantage_code = vantage["node_id"].to_numpy(np.int64) * n_captures + pd.Categorical(
@@ -162,6 +180,7 @@ def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame,
         "length": messages["size_bytes"].to_numpy(np.int64),
         "complete": messages["complete"].fillna(False).to_numpy(bool),
         "tensor_key": messages["tensor_key"].fillna(-1).to_numpy(np.int64),
+        "iteration": messages["iteration"].astype("Int64").fillna(NO_ITERATION).to_numpy(np.int64),
         "ps_timestamp": messages["ps_timestamp"].fillna(-1).to_numpy(np.int64),
         "customer_id": messages["customer_id"].fillna(-1).to_numpy(np.int32),
         "app_id": messages["app_id"].fillna(-1).to_numpy(np.int32),
@@ -169,7 +188,7 @@ def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame,
         "rows": messages["rows"].to_numpy(np.float64), "capture": capture.codes,
     }
     is_control = category == CATEGORY_CONTROL
-    frames, dropped = [], 0
+    frames, dropped = [], dict.fromkeys(DROPPED_REASONS, 0)
     for node, peer, is_send, ts_column in ((sender, recver, True, "ts_first_ns"),
                                            (recver, sender, False, "ts_last_ns")):
         seen = np.isin(node * n_captures + capture.codes, vantage_code)
@@ -179,7 +198,10 @@ def _sides(messages: pd.DataFrame, vantage: pd.DataFrame) -> tuple[pd.DataFrame,
         kv_pair = ((node_role == ROLE_WORKER) & (peer_role == ROLE_SERVER)) | (
             (node_role == ROLE_SERVER) & (peer_role == ROLE_WORKER))
         keep = seen & (operation >= 0) & (kv_pair | is_control)
-        dropped += int((seen & ~keep & ~(is_control & (peer_role == ROLE_SCHEDULER))).sum())
+        lost = seen & ~keep & ~(is_control & (peer_role == ROLE_SCHEDULER))
+        unknown = (node_role == ROLE_UNKNOWN) | (peer_role == ROLE_UNKNOWN)
+        for reason, why in zip(DROPPED_REASONS, (is_control & ~unknown, unknown, ~is_control & ~unknown)):
+            dropped[reason] += int((lost & why).sum())
         rows = np.flatnonzero(keep)
         frames.append(pd.DataFrame({
             "node_id": node[rows].astype(np.int32), "peer_id": peer[rows].astype(np.int32),
@@ -216,12 +238,6 @@ def group_starts(*sorted_keys: np.ndarray) -> np.ndarray:
     return start
 
 
-def _cumsum_within(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Inclusive running sum of non-negative `values`, restarting at each group start."""
-    total = np.cumsum(values, dtype=np.int64)
-    return total - np.maximum.accumulate(np.where(starts, total - values, 0))
-
-
 def _match_responses(records: pd.DataFrame) -> np.ndarray:
     """For every record, the row of the request it answers within the same node's records (-1: none).
 
@@ -239,37 +255,6 @@ def _match_responses(records: pd.DataFrame) -> np.ndarray:
     return matched
 
 
-def _assign_iterations(records: pd.DataFrame) -> np.ndarray:
-    """Iteration of every data request (see the module doc); other rows get NO_ITERATION."""
-    request = (records["category"].to_numpy() == CATEGORY_DATA) & records["request"].to_numpy()
-    rows = np.flatnonzero(request)
-    node, peer, key, stamp = (records[name].to_numpy()[rows] for name in
-                              ("node_id", "peer_id", "tensor_key", "ps_timestamp"))
-    order = np.lexsort([stamp, key, peer, node])
-    starts = group_starts(node[order], peer[order], key[order])
-    slot = records["slot"].to_numpy()[rows][order]
-    fused = records["fused"].to_numpy()[rows][order]
-    is_push = (slot == SLOT_PUSH_REQUEST).astype(np.int64)
-    is_pull = (slot == SLOT_PULL_REQUEST).astype(np.int64)
-    pushes = _cumsum_within(is_push, starts)
-    pulls_before = _cumsum_within(is_pull, starts) - is_pull
-    # kv.init pushes without asking for values back; a fused push-pull is always training
-    init_push = (is_push == 1) & ~fused & (pushes == 1) & (pulls_before == 0)
-    channel = np.cumsum(starts) - 1
-    channel_has_init = np.zeros(channel[-1] + 1 if len(channel) else 0, dtype=np.int64)
-    np.maximum.at(channel_has_init, channel, init_push.astype(np.int64))
-    # The first plain pull of a dense tensor that training push-pulls is the initial broadcast even when it left
-    # after the first training push-pull (MXNet issues the broadcast asynchronously).
-    channel_fused = np.zeros_like(channel_has_init)
-    np.maximum.at(channel_fused, channel, fused.astype(np.int64))
-    dense = records["req_type"].to_numpy()[rows][order] != "row_sparse"
-    round_ = np.maximum(pushes - channel_has_init[channel] - 1, INIT_ITERATION)
-    broadcast = (is_pull == 1) & (pulls_before == 0) & (channel_fused[channel] == 1) & dense & (round_ <= 0)
-    iteration = np.full(len(records), NO_ITERATION, dtype=np.int64)
-    iteration[rows[order]] = np.where(broadcast, INIT_ITERATION, round_)
-    return iteration
-
-
 def _command_numbers(records: pd.DataFrame, matched: np.ndarray) -> np.ndarray:
     """Operation numbers of SimpleApp commands (2k request, 2k+1 response, k per node and peer) and of
     control messages (their order per node and peer)."""
@@ -281,7 +266,7 @@ def _command_numbers(records: pd.DataFrame, matched: np.ndarray) -> np.ndarray:
         node, peer, ts = (records[name].to_numpy()[rows] for name in ("node_id", "peer_id", "ts_ns"))
         order = np.lexsort([ts, peer, node])
         starts = group_starts(node[order], peer[order])
-        number[rows[order]] = (_cumsum_within(np.ones(len(rows), dtype=np.int64), starts) - 1) * step
+        number[rows[order]] = (cumsum_within(np.ones(len(rows), dtype=np.int64), starts) - 1) * step
     responses = np.flatnonzero((category == CATEGORY_COMMAND) & ~request & (matched >= 0))
     number[responses] = number[matched[responses]] + 1
     return number
@@ -335,6 +320,8 @@ def build_records(dataset: Dataset) -> Trace:
     messages = dataset.messages
     if len(messages) == 0:
         raise AnalysisError(f"{dataset.source}: no ps-lite messages were decoded — nothing to analyse")
+    if "iteration" not in messages:      # an output older than the column, or rows made by hand
+        messages = messages.assign(iteration=message_iterations(messages))
     topology = job_topology(messages, dataset.nodes)
     vantage = vantage_points(messages, dataset.nodes)
     multi = vantage.groupby("node_id").size()
@@ -343,8 +330,7 @@ def build_records(dataset: Dataset) -> Trace:
 
     matched = _match_responses(sides)
     answered = matched >= 0
-    iteration = _assign_iterations(sides)
-    iteration[answered] = iteration[matched[answered]]
+    iteration = sides["iteration"].to_numpy()
     tensor_key = sides["tensor_key"].to_numpy().copy()
     tensor_key[answered] = tensor_key[matched[answered]]
     ts = sides["ts_ns"].to_numpy()
@@ -363,7 +349,7 @@ def build_records(dataset: Dataset) -> Trace:
     _, server_rank = node_role_rank(np.where(worker_side, peer_id, node_id))
     order = np.lexsort([slot, ts, node_id])
     record_id = np.empty(len(sides), dtype=np.int64)
-    record_id[order] = _cumsum_within(np.ones(len(sides), dtype=np.int64), group_starts(node_id[order])) - 1
+    record_id[order] = cumsum_within(np.ones(len(sides), dtype=np.int64), group_starts(node_id[order])) - 1
     records = pd.DataFrame({
         "node_id": node_id, "peer_id": peer_id, "node_role": node_role,
         "dlc_rank": dlc_ranks(node_id, topology), "peer_dlc_rank": dlc_ranks(peer_id, topology),
@@ -381,10 +367,13 @@ def build_records(dataset: Dataset) -> Trace:
     mode, evidence = kvstore_mode(messages, records)
     unanswered = ~sides["request"].to_numpy() & ~answered & (category != CATEGORY_CONTROL)
     losses = {
-        "messages": int(len(messages)),
+        # a decode output older than the messages' event ids counts sightings only
+        **({"messages": int(messages["event_id"].nunique())} if "event_id" in messages else {}),
+        "observations": int(len(messages)),
         "records": int(len(records)),
         "records_seen_twice_dropped": seen_twice,
-        "records_dropped": dropped,
+        "records_dropped": sum(dropped.values()),
+        **dropped,
         "responses_without_request": int(unanswered.sum()),
         "incomplete_records": int((~records["complete"]).sum()),
     }

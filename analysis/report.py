@@ -5,8 +5,9 @@ The figures people zoom (timelines, CDFs, scatter plots, traffic matrices) are i
 (analysis.report_charts: JSON specs drawn by a small inlined script); the others are PNG images
 (analysis.report_figures), embedded as data: URIs. `--figures DIR` writes every figure as a PNG. The page's
 Content-Security-Policy forbids loading anything: every byte it shows is in the file. Its header says what
-was decoded (manifest.json of the decode output), by which dlcsniff, which dlcsniff drew the report and when,
-and the one unit of each quantity (analysis.report_data.REPORT_UNITS).
+was decoded (manifest.json of the decode output: its inputs, each table with its rows and what a row is, the
+decode's warnings), by which dlcsniff, which dlcsniff drew the report and when, and the one unit of each quantity
+(analysis.report_data.REPORT_UNITS).
 """
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from dlcsniff.decoders.output_dir import dlcsniff_version
+from dlcsniff.decoders.schema import TABLES
 from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, CollectiveStats, collective_headline, collective_kind_rows
-from dlcsniff.analysis.describe import human_bytes
+from dlcsniff.analysis.display import duration, human_bytes, number, percent, scale_of
 from dlcsniff.analysis.load import AnalysisError
+from dlcsniff.analysis.names import capture_label, capture_labels, node_label, rank_label
 from dlcsniff.analysis.operations import CATEGORY_DATA, Trace
 from dlcsniff.analysis.report_charts import (
     chart_html, chart_script, collective_bandwidth_chart, collective_matrix_charts, collective_time_chart,
     collective_timeline_chart, size_cdf_chart, timeline_chart, traffic_chart,
 )
 from dlcsniff.analysis.report_data import REPORT_UNITS, request_spans
+from dlcsniff.analysis.report_diagnosis import arrival_lag_figure, diagnosis_section, network_section
 from dlcsniff.analysis.report_figures import (
     collective_bandwidth_figure, collective_matrix_figure, collective_skew_figure, collective_time_figure,
     collective_timeline_figure, drawn_key_statistics, figure_png, iteration_figure, key_overhead_figure,
@@ -45,19 +48,19 @@ NOT_MEASURED = {
     "search_overhead_us": "no explicit pull after initialisation (MXNet 1.9.1 push-pull fetches the values)",
 }
 NO_ITERATION = "no training iteration: every push was its tensor's first (initialisation)"
-# every statistic of the summary in the report's units: (what it is, scale from the summary's unit, unit)
+# what every statistic of the summary is (its unit on the page: analysis.display.scale_of)
 STATISTIC_ROWS = {
-    "phase1_s": ("P1: previous iteration's last values → first push", 1e3, "ms"),
-    "phase2_s": ("P2: first → last push", 1e3, "ms"),
-    "phase3_s": ("P3: first push → last values", 1e3, "ms"),
-    "computation_s": ("computation, P1 + P2", 1e3, "ms"),
-    "communication_s": ("communication, P3", 1e3, "ms"),
-    "iteration_s": ("iteration, P1 + P3", 1e3, "ms"),
-    "overlap_ratio": ("overlap ratio, P2 / (P1 + P3)", 100, "%"),
-    "wait_s": ("wait: first → last values", 1e3, "ms"),
-    "sync_overhead_us": ("server synchronisation overhead", 1e-3, "ms"),
-    "update_overhead_us": ("server update overhead", 1e-3, "ms"),
-    "search_overhead_us": ("server search overhead", 1e-3, "ms"),
+    "phase1_s": "P1: previous iteration's last values → first push",
+    "phase2_s": "P2: first → last push",
+    "phase3_s": "P3: first push → last values",
+    "computation_s": "computation, P1 + P2",
+    "communication_s": "communication, P3",
+    "iteration_s": "iteration, P1 + P3",
+    "overlap_ratio": "overlap ratio, P2 / (P1 + P3)",
+    "wait_s": "wait: first → last values",
+    "sync_overhead_us": "server synchronisation overhead",
+    "update_overhead_us": "server update overhead",
+    "search_overhead_us": "server search overhead",
 }
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
 STYLE = """body{font-family:sans-serif;max-width:1280px;margin:1.5em auto;padding:0 1em;color:#222}
@@ -95,6 +98,12 @@ def report_figures(trace: Trace | None, stats: Stats, whatif: WhatIfCurve | None
         figures += _pslite_figures(trace, stats)
     if stats.collectives is not None:
         figures += _collective_figures(stats.collectives)
+    if stats.network is not None and len(stats.network.diagnosis.arrivals):
+        figures.append(ReportFigure(
+            "arrival_lags", "Arrival lags",
+            "Each rank's entry into each collective (each worker's into each sync round) minus the other ranks' "
+            "median entry; circled: the stragglers of the diagnosis (symmetric log scale beyond 1 ms).",
+            lambda: arrival_lag_figure(stats.network)))
     if whatif is not None and whatif.curve is not None:
         figures.append(ReportFigure(
             "whatif", "What-if: iteration time against link rate",
@@ -126,7 +135,7 @@ def _pslite_figures(trace: Trace, stats: Stats) -> list[ReportFigure]:
             "MXNet 1.9.1's fused push-pull counts as push and pull).", lambda: iteration_figure(stats)))
     drawn = drawn_key_statistics(stats) if stats.keys is not None else []
     if drawn:
-        not_drawn = [f"{STATISTIC_ROWS[name][0]}: " + (NOT_MEASURED[name] if stats.keys[name].isna().all()
+        not_drawn = [f"{STATISTIC_ROWS[name]}: " + (NOT_MEASURED[name] if stats.keys[name].isna().all()
                                                         else "0 for every tensor (one worker waits for no other)")
                      for name in KEY_STATISTICS if name not in drawn]
         figures.append(ReportFigure(
@@ -182,8 +191,12 @@ def _grid(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return f"<table>{head}{body}</table>"
 
 
-def _number(value: float, unit: str) -> str:
-    return f"{value:,.1f}" if unit == "%" else f"{value:,.3f}"
+def _losses_table(summary: dict) -> str:
+    """Each count of what could not be measured, with what it is and why (the summary's losses_explained)."""
+    rows = "".join(f"<tr><th>{html.escape(name.replace('_', ' '))}</th><td>{value:,}</td>"
+                   f"<td class='text'>{html.escape(summary['losses_explained'][name])}</td></tr>"
+                   for name, value in summary["losses"].items())
+    return f"<table>{rows}</table>"
 
 
 def _statistics_table(summary: dict) -> str:
@@ -191,7 +204,7 @@ def _statistics_table(summary: dict) -> str:
     head = "<tr>" + "".join(f"<th>{name}</th>" for name in header) + "</tr>"
     rows = []
     for name in ITERATION_STATISTICS + KEY_STATISTICS:
-        label, scale, unit = STATISTIC_ROWS[name]
+        label, (scale, unit) = STATISTIC_ROWS[name], scale_of(name)
         found = summary["statistics"].get(name)
         if found is None:
             why = (NO_ITERATION if not summary["iterations"]["total"]
@@ -199,17 +212,9 @@ def _statistics_table(summary: dict) -> str:
             cells = f"<td>0</td><td class='text' colspan='6'>n/a: {html.escape(why)}</td>"
         else:
             cells = f"<td>{found['count']:,}</td>" + "".join(
-                f"<td>{_number(found[k] * scale, unit)}</td>" for k in ("mean", "min", "p50", "p90", "p99", "max"))
+                f"<td>{number(found[k] * scale, unit)}</td>" for k in ("mean", "min", "p50", "p90", "p99", "max"))
         rows.append(f"<tr><th>{html.escape(label)}</th><td class='text'>{unit}</td>{cells}</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:,.3f}"
-
-
-def _percent(fraction: float) -> str:
-    return f"{fraction * 100:.1f}" if np.isfinite(fraction) else "n/a"
 
 
 # -- the page ------------------------------------------------------------------------------------------------
@@ -235,16 +240,19 @@ def header_rows(source: str, manifest: dict | None, drawn_at: datetime) -> list[
         rows.append(("decoded by", f"dlcsniff {manifest.get('dlcsniff', '?')}"
                                    + (f": {shlex.join(command)}" if command else "")))
         rows.append(("decode inputs", "; ".join(_inputs(manifest)) or "not recorded"))
-        tables = manifest.get("tables") or {}
-        rows.append(("decoded tables", ", ".join(f"{name} {found.get('rows', 0):,}"
-                                                 for name, found in tables.items()) + " rows"))
+        for name, found in (manifest.get("files") or {}).items():
+            table = TABLES.get(name.removesuffix(".parquet"))
+            rows.append((name, f"{found.get('rows', 0):,} rows" + (f", one per {table.description}" if table else "")))
+        if "warnings" in manifest:
+            rows += [("decode warning", warning) for warning in manifest["warnings"]] or [("decode warnings", "none")]
     rows.append(("report drawn by", f"dlcsniff {dlcsniff_version()} on {drawn_at.isoformat(timespec='seconds')}"))
     rows.append(("units", "; ".join(f"{quantity}: {unit}" for quantity, unit in REPORT_UNITS)))
     return rows
 
 
-def _pslite_sections(trace: Trace, summary: dict) -> list[str]:
-    nodes = [(f"{row['name']} (DLC rank {row['dlc_rank']})", f"{row['vantage']} capture: {row['captures']}")
+def _pslite_sections(trace: Trace, summary: dict, captures: dict[str, str]) -> list[str]:
+    nodes = [(f"{node_label(row['role'], row['rank'])} (DLC rank {row['dlc_rank']})",
+              f"{row['vantage']} capture: " + ", ".join(capture_label(c, captures) for c in row["captures"].split(", ")))
              for row in summary["nodes"]]
     return [
         "<h2 id='pslite'>ps-lite job</h2>",
@@ -254,10 +262,13 @@ def _pslite_sections(trace: Trace, summary: dict) -> list[str]:
     ]
 
 
-def _collective_sections(collectives: CollectiveStats) -> list[str]:
-    per_rank = [(f"rank{row.rank}" + ("" if row.capture == f"rank{row.rank}" else f" ({row.capture})"),
-                 _ms(row.wall_ns), _ms(row.communication_ns), _ms(row.gap_ns), f"{row.gaps:,}",
-                 _ms(row.longest_gap_ns), _ms(row.concurrent_ns), _percent(row.communication_fraction))
+def _collective_sections(collectives: CollectiveStats, captures: dict[str, str]) -> list[str]:
+    def ms(ns: float) -> str:
+        return duration(ns, "ns", with_unit=False)
+
+    per_rank = [(f"{rank_label(row.rank)} (capture {capture_label(row.capture, captures)})",
+                 ms(row.wall_ns), ms(row.communication_ns), ms(row.gap_ns), f"{row.gaps:,}", ms(row.longest_gap_ns),
+                 ms(row.concurrent_ns), percent(row.communication_fraction, with_unit=False))
                 for row in collectives.overlap.itertuples()]
     return [
         "<h2 id='collectives'>Collective operations</h2>", _table(collective_headline(collectives.summary)),
@@ -285,27 +296,37 @@ def _figure_html(figure: ReportFigure, png: Callable[[ReportFigure], bytes]) -> 
 def report_html(trace: Trace | None, stats: Stats, figures: list[ReportFigure], png: Callable[[ReportFigure], bytes],
                 manifest: dict | None, drawn_at: datetime) -> str:
     summary = stats.summary
+    captures = capture_labels(manifest)
     source = str(summary.get("source") or "trace")
-    contents = [("about", "About")] + ([("pslite", "ps-lite job")] if trace is not None else []) + (
-        [("collectives", "Collectives")] if stats.collectives is not None else []) + [
+    network = stats.network
+    contents = ([("diagnosis", "Diagnosis")] if network is not None else []) + [("about", "About")] + (
+        [("pslite", "ps-lite job")] if trace is not None else []) + (
+        [("collectives", "Collectives")] if stats.collectives is not None else []) + (
+        [("network", "Network behaviour")] if network is not None else []) + [
         ("losses", "Not measured")] + [(figure.name, figure.title) for figure in figures]
     parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{GENERATOR_META}",
         f"<meta http-equiv='Content-Security-Policy' content=\"{CONTENT_SECURITY_POLICY}\">",
         f"<title>dlcsniff report: {html.escape(source)}</title><style>{STYLE}</style></head><body>",
         f"<h1>dlcsniff report: {html.escape(source)}</h1>",
         "<nav>" + "".join(f"<a href='#{name}'>{html.escape(title)}</a>" for name, title in contents) + "</nav>",
+        *(diagnosis_section(network) if network is not None else ()),
         "<section id='about'>", _table(header_rows(source, manifest, drawn_at)), "</section>",
-        *(_pslite_sections(trace, summary) if trace is not None else ()),
-        *(_collective_sections(stats.collectives) if stats.collectives is not None else ()),
+        *(_pslite_sections(trace, summary, captures) if trace is not None else ()),
+        *(_collective_sections(stats.collectives, captures) if stats.collectives is not None else ()),
+        *(network_section(network) if network is not None else ()),
         "<h2 id='losses'>What could not be measured</h2>",
-        _table([(name.replace("_", " "), f"{value:,}") for name, value in summary["losses"].items()]),
+        _losses_table(summary),
         "<h2>Figures</h2>",
         *(_figure_html(figure, png) for figure in figures),
         f"<script>{chart_script()}</script>" if any(figure.charts for figure in figures) else "",
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+# in the page's first bytes: what tells a report dlcsniff wrote (decoders.output_dir.claim_output_file)
+GENERATOR_META = "<meta name='generator' content='dlcsniff report'>"
 
 
 def write_report(trace: Trace | None, stats: Stats, path: str | Path, figures_dir: str | Path | None = None,

@@ -8,29 +8,30 @@ capture's clock aligned to the reference capture's where clocks.parquet aligned 
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import pandas as pd
 
 from dlcsniff.analysis.collective_stats import CollectiveStats, SEND_RECV, volume_matrix
+from dlcsniff.analysis.lanes import packed_lanes
+from dlcsniff.analysis.names import node_label, rank_label
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, INIT_ITERATION, ROLE_WORKER, SLOT_PULL_REQUEST, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST,
     SLOT_PUSH_RESPONSE, Trace,
 )
 from dlcsniff.analysis.summary import Stats
+from dlcsniff.decoders.protocols.pslite.decoder import PUSH_PULL
 
 REPORT_UNITS = (("durations", "ms"), ("sizes", "bytes: B, kB = 10³ B, MB = 10⁶ B"),
                 ("bandwidth", "GB/s = 10⁹ B/s (nccl-tests' unit)"), ("ratios", "%"))
 MS_PER_NS = 1e-6
 # each ps-lite data message once, by what it is; the paper's two records of it (sender's, receiver's) named
 MESSAGE_KINDS = {
-    SLOT_PUSH_REQUEST: "push / push-pull request (Push_Send_Worker = Push_Recv_Server)",
+    SLOT_PUSH_REQUEST: f"push / {PUSH_PULL} request (Push_Send_Worker = Push_Recv_Server)",
     SLOT_PUSH_RESPONSE: "push acknowledgement (Push_Send_Server = Push_Recv_Worker)",
     SLOT_PULL_REQUEST: "pull request (Pull_Send_Worker = Pull_Recv_Server)",
-    SLOT_PULL_RESPONSE: "pull / push-pull response (Pull_Send_Server = Pull_Recv_Worker)",
+    SLOT_PULL_RESPONSE: f"pull / {PUSH_PULL} response (Pull_Send_Server = Pull_Recv_Worker)",
 }
-REQUEST_KINDS = ("push → acknowledgement", "pull → values", "push-pull → updated values", "initialisation")
+REQUEST_KINDS = ("push → acknowledgement", "pull → values", f"{PUSH_PULL} → updated values", "initialisation")
 MAX_TENSOR_LANES = 32          # a worker's lanes per tensor@server up to this; beyond, packed lanes per server
 # one colour per collective kind in every figure (tab10 has ten)
 KIND_COLORS = dict(zip(("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather",
@@ -111,28 +112,13 @@ def request_spans(trace: Trace) -> pd.DataFrame:
     }).sort_values(["worker_rank", "start_ns"], ignore_index=True)
 
 
-def _packed_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Interval partitioning (earliest start first, into the lane freed earliest): the fewest lanes in which
-    no two spans overlap. Sequential by nature, O(n log n)."""
-    lanes = np.zeros(len(starts), dtype=np.int64)
-    free: list[tuple[int, int]] = []            # (end of the lane's last span, lane)
-    for index in np.argsort(starts, kind="stable"):
-        if free and free[0][0] <= starts[index]:
-            _, lane = heapq.heappop(free)
-        else:
-            lane = len(free)
-        lanes[index] = lane
-        heapq.heappush(free, (int(ends[index]), lane))
-    return lanes
-
-
 def timeline_lanes(spans: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     """The timeline's rows: per worker a head row (its iterations), then one row per tensor@server, or,
     when a worker has more than MAX_TENSOR_LANES of those, as few rows per server as hold its requests
     without overlap. Returns (lanes: label, group, head; the spans' lane numbers)."""
     rows, lane_of = [], pd.Series(0, index=spans.index, dtype=np.int64)
     for worker, mine in spans.groupby("worker_rank", sort=True):
-        rows.append((f"worker{worker}", f"worker{worker}", True))
+        rows.append((node_label("worker", worker), f"worker{worker}", True))
         pairs = mine[["server_rank", "tensor_key"]].drop_duplicates().sort_values(["server_rank", "tensor_key"])
         if len(pairs) <= MAX_TENSOR_LANES:
             labels = [f"k{key}@s{server}" for server, key in pairs.itertuples(index=False)]
@@ -142,7 +128,7 @@ def timeline_lanes(spans: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
             local = np.zeros(len(mine), dtype=np.int64)
             labels = []
             for server, at_server in mine.groupby("server_rank", sort=True):
-                packed = _packed_lanes(at_server["start_ns"].to_numpy(), at_server["end_ns"].to_numpy())
+                packed = packed_lanes(at_server["start_ns"].to_numpy(), at_server["end_ns"].to_numpy())
                 local[mine.index.get_indexer(at_server.index)] = len(labels) + packed
                 labels += [f"s{server} · {n + 1}" for n in range(packed.max() + 1)]
         lane_of[mine.index] = len(rows) + np.asarray(local)
@@ -172,7 +158,7 @@ def pslite_traffic_matrix(stats: Stats, trace: Trace) -> tuple[list[str], np.nda
     """Node names (in DLC rank order), and bytes and messages sent, sender (rows) × receiver (columns)."""
     nodes = trace.nodes.sort_values("dlc_rank")
     ranks = nodes["dlc_rank"].to_numpy()
-    names = [f"{name} ({rank})" for name, rank in zip(nodes["name"], ranks)]
+    names = [node_label(role, rank) for role, rank in zip(nodes["role"], nodes["rank"])]
 
     def matrix(values: str) -> np.ndarray:
         return (stats.traffic.pivot_table(index="src_rank", columns="dst_rank", values=values, aggfunc="sum")
@@ -193,7 +179,7 @@ def collective_matrices(collectives: CollectiveStats) -> tuple[list[str], dict[s
         messages = (mine.pivot_table(index="src_rank", columns="dst_rank", values="messages", aggfunc="sum")
                     .reindex(index=ranks, columns=ranks).to_numpy(dtype=np.float64))
         views[title] = (volume_matrix(traffic, ranks, kind).to_numpy(np.float64), messages)
-    return [f"rank{rank}" for rank in ranks], views
+    return [rank_label(rank) for rank in ranks], views
 
 
 # -- collectives ---------------------------------------------------------------------------------------------
@@ -204,7 +190,7 @@ def collective_rank_spans(collectives: CollectiveStats) -> tuple[pd.DataFrame, p
     ranks, overlap = collectives.ranks, collectives.overlap
     lanes = overlap[["capture", "rank", "communication_fraction"]].reset_index(drop=True)
     fraction = lanes["communication_fraction"].to_numpy(np.float64) * 100
-    lanes["label"] = [f"rank{rank} ({share:.1f} % comm.)" if np.isfinite(share) else f"rank{rank}"
+    lanes["label"] = [f"{rank_label(rank)} ({share:.1f} % comm.)" if np.isfinite(share) else rank_label(rank)
                       for rank, share in zip(lanes["rank"], fraction)]
     lane_of = pd.Series(lanes.index, index=lanes["capture"])
     spans = ranks.assign(lane=lane_of.reindex(ranks["capture"]).to_numpy())

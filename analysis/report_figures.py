@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from dlcsniff.analysis.collective_stats import CollectiveStats
-from dlcsniff.analysis.describe import human_bytes
+from dlcsniff.analysis.display import human_bytes
 from dlcsniff.analysis.report_data import (
     REQUEST_KINDS, barrier_position, collective_matrices, collective_rank_spans, iteration_spans, kind_color,
     pslite_traffic_matrix, request_spans, size_cdf, timeline_lanes,

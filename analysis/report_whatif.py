@@ -5,12 +5,12 @@ simulator missing) gets no curve, and the report says why."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dlcsniff.analysis.job_model import JobModel
 from dlcsniff.analysis.load import AnalysisError
 
 WHATIF_RATES_BIT_S = (10e6, 25e6, 50e6, 100e6, 250e6, 500e6, 1e9, 2.5e9, 5e9, 10e9, 25e9, 100e9)
@@ -25,11 +25,11 @@ class WhatIfCurve:
     note: str                             # how it was made, or why there is no curve
 
 
-def whatif_curve(decode_dir: str | Path) -> WhatIfCurve:
+def whatif_curve(job: JobModel) -> WhatIfCurve:
     from dlcsniff.analysis.simulate import bandwidth_curve
 
     try:
-        curve, captured = bandwidth_curve(decode_dir, list(WHATIF_RATES_BIT_S))
+        curve, captured = bandwidth_curve(job, list(WHATIF_RATES_BIT_S))
     except AnalysisError as exc:
         return WhatIfCurve(None, None, None, f"no what-if: {exc}")
     if curve["iteration_s_mean"].isna().all() or captured["measured_iteration_s_mean"] is None:

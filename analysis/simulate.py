@@ -25,7 +25,8 @@ import dlcsniff.analysis.simulate_collectives as co
 import dlcsniff.analysis.simulate_pslite as ps
 from dlcsniff.analysis.describe import describe
 from dlcsniff.analysis.iterations import worker_iterations
-from dlcsniff.analysis.load import AnalysisError, load_dataset
+from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import build_records
 from dlcsniff.analysis.outputs import claim, label
 from dlcsniff.analysis.overheads import key_overheads
@@ -79,8 +80,8 @@ class _Job:
     build: object                            # what_if -> (Program, copy_of nodes, reader of times)
 
 
-def _pslite_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job | None:
-    dataset = load_dataset(decode_dir)
+def _pslite_job(model: JobModel, captured_rate_bit_s: float | None) -> _Job | None:
+    dataset = model.pslite
     if len(dataset.messages) == 0:
         return None
     trace = build_records(dataset)
@@ -114,8 +115,8 @@ def _pslite_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job | N
     return _Job("pslite", worker_iterations(trace), span, calibration, names, summary, build)
 
 
-def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job:
-    model = co.collective_model(decode_dir)
+def _collective_job(job: JobModel, captured_rate_bit_s: float | None) -> _Job:
+    model = co.collective_model(job)
     measured = worker_iterations(co.rank_trace(model.messages, model.ranks, model.messages["send_ns"].to_numpy(),
                                                model.messages["recv_ns"].to_numpy()))
     calibration = calibrate(co.network_ends(model), co.network_pairs(model), model.ranks, captured_rate_bit_s)
@@ -141,14 +142,12 @@ def _collective_job(decode_dir: Path, captured_rate_bit_s: float | None) -> _Job
                 build)
 
 
-def load_job(decode_dir: str | Path, captured_rate_bit_s: float | None = None) -> _Job:
-    decode_dir = Path(decode_dir)
-    if not decode_dir.is_dir():
-        raise AnalysisError(f"{decode_dir}: not a directory (give the --out directory of `dlcsniff decode`)")
+def replay_job(model: JobModel, captured_rate_bit_s: float | None = None) -> _Job:
+    """The job of the model, ready to replay (its ps-lite traffic, else its collectives)."""
     try:
-        return _pslite_job(decode_dir, captured_rate_bit_s) or _collective_job(decode_dir, captured_rate_bit_s)
+        return _pslite_job(model, captured_rate_bit_s) or _collective_job(model, captured_rate_bit_s)
     except ValueError as exc:
-        raise AnalysisError(f"{decode_dir}: nothing to simulate: {exc}") from None
+        raise AnalysisError(f"{model.path}: nothing to simulate: {exc}") from None
 
 
 def _per_worker(iterations: pd.DataFrame) -> pd.DataFrame:
@@ -206,11 +205,11 @@ def _prepare(job: _Job, what_if: WhatIf) -> tuple[Program, object, object]:
     return program, links, read
 
 
-def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: str = DEFAULT_ENGINE,
+def simulate_job(model: JobModel, what_if: WhatIf = WhatIf(), *, engine: str = DEFAULT_ENGINE,
                  captured_rate_bit_s: float | None = None) -> Simulation:
     from dlcsniff.analysis.simulate_engines import simulate_all
 
-    job = load_job(decode_dir, captured_rate_bit_s)
+    job = replay_job(model, captured_rate_bit_s)
     program, links, read = _prepare(job, what_if)
     began = time.monotonic()
     try:
@@ -221,7 +220,7 @@ def simulate_job(decode_dir: str | Path, what_if: WhatIf = WhatIf(), *, engine: 
     times = message_times(program, times)
     simulated, keys, messages = read(times)
     messages = messages.reset_index(drop=True).assign(**{name: times[name].to_numpy() for name in times.columns})
-    summary = _summary(job, what_if, engine, simulated, messages, times, links, wall, str(decode_dir))
+    summary = _summary(job, what_if, engine, simulated, messages, times, links, wall, model.source)
     return Simulation(summary, simulated, job.measured, messages, keys)
 
 
@@ -244,33 +243,33 @@ def _captured(job: _Job) -> dict:
             "link_bit_s": float(np.median(job.calibration.links.down_bit_s))}
 
 
-def predict(decode_dir: str | Path, what_ifs: list[WhatIf], *, engine: str = DEFAULT_ENGINE,
+def predict(model: JobModel, what_ifs: list[WhatIf], *, engine: str = DEFAULT_ENGINE,
             captured_rate_bit_s: float | None = None, processes: int | None = None) -> tuple[pd.DataFrame, dict]:
     """The mean iteration time each what-if predicts (one replay each, side by side): a frame of
     iteration_s_mean and wall_s (the simulation's) per what-if; and the capture's own figures
     ({"measured_iteration_s_mean", "link_bit_s"}: its measured iteration time and median calibrated link)."""
-    job = load_job(decode_dir, captured_rate_bit_s)
+    job = replay_job(model, captured_rate_bit_s)
     return _predict(job, what_ifs, engine, processes), _captured(job)
 
 
-def bandwidth_curve(decode_dir: str | Path, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE
+def bandwidth_curve(model: JobModel, rates_bit_s: list[float], *, engine: str = DEFAULT_ENGINE
                     ) -> tuple[pd.DataFrame, dict]:
     """Predicted mean iteration time (rate_bit_s, iteration_s_mean) at each link rate and at the captured
     network's own (its median calibrated link), and the capture's own figures (see `predict`)."""
-    job = load_job(decode_dir)
+    job = replay_job(model)
     captured = _captured(job)
     rates = sorted({*map(float, rates_bit_s), captured["link_bit_s"]})
     frame = _predict(job, [WhatIf(bandwidth_bit_s=rate) for rate in rates], engine, None)
     return frame.assign(rate_bit_s=rates)[["rate_bit_s", "iteration_s_mean"]], captured
 
 
-def write_simulation(decode_dir: str | Path, out_dir: str | Path, what_if: WhatIf = WhatIf(), *, force: bool = False,
+def write_simulation(model: JobModel, out_dir: str | Path, what_if: WhatIf = WhatIf(), *, force: bool = False,
                      engine: str = DEFAULT_ENGINE, captured_rate_bit_s: float | None = None) -> Simulation:
     """`dlcsniff simulate`: the replay's tables and summary.json in out_dir (and manifest.json)."""
     import json
 
-    out_dir = claim(out_dir, decode_dir, force=force)
-    simulation = simulate_job(decode_dir, what_if, engine=engine, captured_rate_bit_s=captured_rate_bit_s)
+    out_dir = claim(out_dir, model.path, kind="simulate", force=force)
+    simulation = simulate_job(model, what_if, engine=engine, captured_rate_bit_s=captured_rate_bit_s)
     written = []
     try:
         for name, table in simulation.tables().items():
@@ -282,6 +281,6 @@ def write_simulation(decode_dir: str | Path, out_dir: str | Path, what_if: WhatI
         written.append(path)
     except OSError as exc:
         raise AnalysisError(f"cannot write to {out_dir}: {exc.strerror or exc}") from exc
-    label(out_dir, "simulate", decode_dir, written, parameters=simulation.summary["parameters"])
+    label(out_dir, "simulate", model, written, parameters=simulation.summary["parameters"])
     return Simulation(simulation.summary, simulation.iterations, simulation.measured_iterations, simulation.messages,
                       simulation.keys, written)

@@ -29,18 +29,18 @@ last receipt, iteration = P1 + P3, overlap = (first → last send) / iteration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from dlcsniff.analysis.load import AnalysisError, read_columns
+from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.load import AnalysisError
 from dlcsniff.analysis.operations import (
     CATEGORY_DATA, OPERATIONS, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Topology, Trace,
 )
 from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program
-from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align
+from dlcsniff.decoders.clocks import align
 
 MESSAGE_COLUMNS = ("protocol", "capture", "pg", "collective", "seq", "src_rank", "dst_rank", "local_rank", "outgoing",
                    "size_bytes", "ts_first_ns", "ts_last_ns")
@@ -58,19 +58,15 @@ class CollectiveModel:
     unmatched: int              # message ends without their other end
 
 
-def _read(decode_dir: Path, name: str, columns: tuple[str, ...], where) -> pd.DataFrame:
-    return read_columns(decode_dir / name, columns, where=where)
-
-
-def _aligned(frame: pd.DataFrame, decode_dir: Path) -> pd.DataFrame:
-    path = decode_dir / "clocks.parquet"
-    if not path.exists():
-        return frame
-    clocks = read_columns(path, CLOCK_COLUMNS)
+def _aligned(frame: pd.DataFrame, clocks: pd.DataFrame | None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The messages on the job's clock, and each aligned capture's error bound on it (ns)."""
+    if clocks is None:
+        return frame, {}
+    frame = frame.copy()
     clocks = clocks[clocks["aligned"].fillna(False).astype(bool).to_numpy()]
     for column in ("ts_first_ns", "ts_last_ns"):
         frame[column] = align(frame[column], frame["capture"], clocks).to_numpy(np.int64)
-    return frame
+    return frame, dict(zip(clocks["capture"].astype(str), clocks["error_bound_ns"].fillna(0).astype(np.int64)))
 
 
 def _period(ops: pd.DataFrame) -> int:
@@ -83,14 +79,13 @@ def _period(ops: pd.DataFrame) -> int:
     return max(n, 1)
 
 
-def collective_model(decode_dir: str | Path) -> CollectiveModel:
-    decode_dir = Path(decode_dir)
-    raw = _read(decode_dir, "messages.parquet", MESSAGE_COLUMNS,
-                pc.field("collective").is_valid() & pc.field("src_rank").is_valid() & pc.field("dst_rank").is_valid())
+def collective_model(job: JobModel) -> CollectiveModel:
+    raw = job.table("messages", MESSAGE_COLUMNS, where=pc.field("collective").is_valid()
+                    & pc.field("src_rank").is_valid() & pc.field("dst_rank").is_valid())
     if len(raw) == 0:
-        raise AnalysisError(f"{decode_dir}: no collective operation's messages between known ranks to simulate")
-    raw = _aligned(raw, decode_dir)
-    ops = _read(decode_dir, "collectives.parquet", COLLECTIVE_COLUMNS, None)
+        raise AnalysisError(f"{job.path}: no collective operation's messages between known ranks to simulate")
+    raw, error_bound_ns = _aligned(raw, job.clocks)
+    ops = job.table("collectives", COLLECTIVE_COLUMNS)
     own = raw[raw["local_rank"] == np.where(raw["outgoing"], raw["src_rank"], raw["dst_rank"])]
     # a message is the same at both ends by its pair, operation and size, and its rank among those
     key = ["pg", "src_rank", "dst_rank", "collective", "seq", "size_bytes"]
@@ -98,9 +93,12 @@ def collective_model(decode_dir: str | Path) -> CollectiveModel:
     got = own[~own["outgoing"]].sort_values("ts_first_ns", kind="stable")
     sent = sent.assign(k=sent.groupby(key, dropna=False).cumcount())
     got = got.assign(k=got.groupby(key, dropna=False).cumcount())
-    both = sent.merge(got[key + ["k", "ts_first_ns", "ts_last_ns"]], on=key + ["k"], suffixes=("", "_r"))
-    # a capture that lost packets can pair a message with another: never one that arrived before it left
-    both = both[both["ts_last_ns_r"] >= both["ts_first_ns"]]
+    both = sent.merge(got[key + ["k", "ts_first_ns", "ts_last_ns", "capture"]], on=key + ["k"], suffixes=("", "_r"))
+    # a capture that lost packets can pair a message with another: never one that arrived before it left, by more
+    # than the two captures' clocks may be off on the job's timeline
+    slack_ns = (both["capture"].astype(str).map(error_bound_ns).fillna(0)
+                + both["capture_r"].astype(str).map(error_bound_ns).fillna(0)).to_numpy(np.int64)
+    both = both[both["ts_last_ns_r"].to_numpy(np.int64) + slack_ns >= both["ts_first_ns"].to_numpy(np.int64)]
     unmatched = len(sent) + len(got) - 2 * len(both)
     rank0 = ops[ops["local_rank"] == ops["local_rank"].min()].sort_values("seq")
     rank0 = rank0[rank0["kind"].isin(["send", "recv"]) == False]  # noqa: E712 - p2p calls have their own seq

@@ -13,17 +13,24 @@ least as fast as the slowest of them. Rate = throughput / efficiency, where effi
 gets of an Ethernet link (MSS over frame bytes at MTU 1500 with TCP timestamps). A direction without large
 messages takes the node's other direction, else the median of the nodes.
 
-With `captured_rate_bit_s` (the link rate the capture was taken at, when known), every link is that rate;
-if even the busiest node moved less than HOST_LIMITED_SHARE of what the link carries, the hosts (CPU, copies),
-not the links, limited the transfers: each node keeps a host link of its own rate (the calibration's,
-shared by both ways) in series with its network link, in every what-if.
+A what-if changes the calibrated network by what the user changed. The calibration absorbs what the
+simulator does not model (a shaper's bursts, TCP's dynamics beside the framing EFFICIENCY covers), so a stated
+rate is not put in place of a calibrated link. With `captured_rate_bit_s` (the link rate the capture was taken
+at, when known: the links' `anchor_bit_s`), every link was that rate: each gets it, or what the links
+carried (every node's bytes both ways over their busy seconds) when that is more (a shaper that let bursts through), and a what-if at rate R scales it
+by R / the captured rate, so that the captured rate gives back the replay. (Links that carried less than the
+rate, TCP's own pace, get the rate: the simulators model that pace themselves.) If even the busiest node moved less than HOST_LIMITED_SHARE of what the link carries, the
+hosts (CPU, copies), not the links, limited the transfers: every link is the captured rate, and each node keeps
+a host link of its own rate (the calibration's, shared by both ways) in series with its network link, in every
+what-if. Without a captured rate, a what-if's rate replaces every calibrated link (the calibrated links are
+taken for the rates the capture was taken at).
 
 Latency: per pair of nodes, the least time any message of at most one segment took from the sender's first
 byte to the receiver's last; the median over the pairs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -42,30 +49,36 @@ UNLIMITED_BIT_S = 1e12               # a link or host nothing limited
 @dataclass(frozen=True, slots=True)
 class Links:
     """Per node, its link to a non-blocking switch, each way (bit/s of link bytes), and its host's own limit
-    (UNLIMITED_BIT_S when none); the one-way latency between two nodes."""
+    (UNLIMITED_BIT_S when none); the one-way latency between two nodes; the link rate they were calibrated at,
+    when known (`anchor_bit_s`: see the module doc)."""
 
     up_bit_s: np.ndarray
     down_bit_s: np.ndarray
     host_bit_s: np.ndarray
     latency_s: float
     efficiency: float = EFFICIENCY
+    anchor_bit_s: float | None = None
 
     def with_nodes(self, copy_of: np.ndarray) -> Links:
         """Links of another set of nodes, node i taking node copy_of[i]'s."""
-        return Links(self.up_bit_s[copy_of], self.down_bit_s[copy_of], self.host_bit_s[copy_of], self.latency_s,
-                     self.efficiency)
+        return replace(self, up_bit_s=self.up_bit_s[copy_of], down_bit_s=self.down_bit_s[copy_of],
+                       host_bit_s=self.host_bit_s[copy_of])
 
     def with_rate(self, rate_bit_s: float | None) -> Links:
-        """Every link at rate_bit_s each way (the hosts keep their limits)."""
+        """Every link at rate_bit_s each way: the calibrated links scaled by rate_bit_s / anchor_bit_s, or (no
+        anchor) rate_bit_s itself; the hosts keep their limits."""
         if rate_bit_s is None:
             return self
+        if self.anchor_bit_s is not None:
+            scale = float(rate_bit_s) / self.anchor_bit_s
+            return replace(self, up_bit_s=self.up_bit_s * scale, down_bit_s=self.down_bit_s * scale)
         rate = np.full(len(self.up_bit_s), float(rate_bit_s))
-        return Links(rate, rate.copy(), self.host_bit_s, self.latency_s, self.efficiency)
+        return replace(self, up_bit_s=rate, down_bit_s=rate.copy())
 
     def with_latency(self, latency_s: float | None) -> Links:
         if latency_s is None:
             return self
-        return Links(self.up_bit_s, self.down_bit_s, self.host_bit_s, float(latency_s), self.efficiency)
+        return replace(self, latency_s=float(latency_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +129,31 @@ def union_seconds(first_ns: np.ndarray, last_ns: np.ndarray) -> float:
     return float((ends - starts).sum()) / 1e9
 
 
-def throughput(ends: pd.DataFrame, nodes: int, sent: bool) -> np.ndarray:
-    """Payload bit/s per node one way while busy (NaN: no large message that way)."""
+def busy(ends: pd.DataFrame, nodes: int, sent: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(payload bytes of the large messages, seconds busy moving them) per node one way."""
     large = ends[(ends["size_bytes"] >= LARGE_MESSAGE_BYTES) & (ends["sent"] == sent) & (ends["node"] >= 0)
                  & (ends["node"] < nodes)].dropna()
-    found = np.full(nodes, np.nan)
+    moved, seconds = np.zeros(nodes), np.zeros(nodes)
     for node, mine in large.groupby("node"):
-        seconds = union_seconds(mine["first_ns"].to_numpy(np.int64), mine["last_ns"].to_numpy(np.int64))
-        if seconds > 0:
-            found[int(node)] = mine["size_bytes"].sum() * 8 / seconds
-    return found
+        seconds[int(node)] = union_seconds(mine["first_ns"].to_numpy(np.int64), mine["last_ns"].to_numpy(np.int64))
+        moved[int(node)] = mine["size_bytes"].sum()
+    return moved, seconds
+
+
+def throughput(ends: pd.DataFrame, nodes: int, sent: bool) -> np.ndarray:
+    """Payload bit/s per node one way while busy (NaN: no large message that way)."""
+    moved, seconds = busy(ends, nodes, sent)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(seconds > 0, moved * 8 / np.where(seconds > 0, seconds, 1.0), np.nan)
+
+
+def carried_bit_s(ends: pd.DataFrame, nodes: int) -> float:
+    """Payload bit/s the links carried while busy, over every node both ways (all their bytes over all their busy
+    seconds; 0 without a large message): what links of one rate carried, a shaper's bursts included. Steadier
+    than a median of the nodes' rates, which a burst that one node rode and another missed moves by a third."""
+    moved, seconds = (np.concatenate(way) for way in zip(busy(ends, nodes, True), busy(ends, nodes, False)))
+    total = float(seconds.sum())
+    return float(moved.sum()) * 8 / total if total > 0 else 0.0
 
 
 def _slowest_peer(pairs: pd.DataFrame, nodes: int, peer_throughput: np.ndarray, node: str, peer: str) -> np.ndarray:
@@ -169,6 +197,15 @@ def calibrate(ends: pd.DataFrame, pairs: pd.DataFrame, nodes: int, captured_rate
             host = np.minimum(np.fmax(up, down), captured_rate_bit_s)
             notes.append(f"the busiest node moved {busiest / 1e6:.0f} Mbit/s, less than {HOST_LIMITED_SHARE:.0%} "
                          "of what its link carries: the hosts limited the transfers, and keep that limit")
-        up = down = np.full(nodes, float(captured_rate_bit_s))
-    return Calibration(Links(up.astype(np.float64), down.astype(np.float64), host.astype(np.float64), latency),
+            up = down = np.full(nodes, float(captured_rate_bit_s))
+        else:
+            # every link was that rate; one that carried more (a shaper's bursts) carries that in the replay
+            carried = max(carried_bit_s(ends, nodes) / EFFICIENCY, captured_rate_bit_s)
+            if carried > captured_rate_bit_s:
+                notes.append(f"the links carried {carried / captured_rate_bit_s:.3f}× the captured rate (all the "
+                             "nodes' bytes over their busy time): every link carries that in the replay, and a "
+                             "what-if scales it")
+            up = down = np.full(nodes, carried)
+    return Calibration(Links(up.astype(np.float64), down.astype(np.float64), host.astype(np.float64), latency,
+                             anchor_bit_s=captured_rate_bit_s),
                        up_seen, down_seen, latency_pairs, captured_rate_bit_s, limited, notes)

@@ -37,7 +37,7 @@ from dlcsniff.analysis.operations import (
     SLOT_PUSH_RESPONSE, OPERATIONS, Topology, Trace, dlc_ranks,
 )
 from dlcsniff.analysis.simulate_replay import DELIVERED, Program
-from dlcsniff.decoders.vantage import vantage_points
+from dlcsniff.decoders.protocols.pslite.vantage import vantage_points
 
 MXNET_BIGARRAY_BOUND = 1_000_000     # MXNET_KVSTORE_BIGARRAY_BOUND's default, in elements
 ELEMENT_BYTES = 4                    # float32

@@ -49,11 +49,6 @@ class Program:
             raise ReplayError(f"message {int(bad['child'].iloc[0])} depends on itself")
 
 
-def empty_deps() -> pd.DataFrame:
-    return pd.DataFrame({"child": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64),
-                         "kind": np.zeros(0, np.int8)})
-
-
 class Network(Protocol):
     """A simulated network as the replay drives it."""
 

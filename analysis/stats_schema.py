@@ -38,6 +38,9 @@ KEYS = table("keys", "stats", "(server, tensor, training iteration): SketchDLC's
     ("pushes", I64, "pushes received in the round"),
     ("pulls", I64, "explicit pulls answered in the round"),
     VANTAGE,
+    ("push_times_known", BOOL, "the server's capture saw every push of the round whole (sync mode: one from each "
+                               "worker); false: sync_overhead_us and update_overhead_us are null, the pushes' "
+                               "arrival being unknown (analysis/overheads.py)"),
 ])
 
 SIZES = table("sizes", "stats", "DLC operation: its message sizes (meta + data)", [
@@ -94,7 +97,8 @@ REQUESTS = table("requests", "stats", "ps-lite request/response pair: where its 
                  "job's one timeline (analysis/latency.py; W the worker's capture, S the server's)", [
     ("worker_id", I32, "the requesting node"),
     ("server_id", I32, "the answering node"),
-    ("kind", STR, "push, pull, pushpull (MXNet's fused push-pull) or command"),
+    ("kind", STR, "push, pull, pushpull (MXNet's fused push-pull, the identifier of what every output prints as "
+                  "push-pull) or command"),
     ("tensor_key", I64, "the tensor"),
     ("customer_id", I32, "ps-lite customer id"),
     ("ps_timestamp", I32, "ps-lite timestamp (the request counter that pairs them)"),
@@ -237,6 +241,151 @@ COLLECTIVE_OVERLAP = table("collective_overlap", "stats", "rank: how much of its
     ("concurrent_fraction", F64, "concurrent_ns / communication_ns"),
 ])
 
+# an operation whose ranks arrive: a collective, or a ps-lite sync round
+ARRIVAL_OPERATION = [
+    ("protocol", STR, "gloo, nccl_socket, roce or pslite"),
+    ("pg", STR, "the process group (empty for ps-lite)"),
+    ("kind", STR, "the collective; push: a ps-lite sync round (a training iteration's pushes)"),
+    ("seq", I64, "sequence number in its group; ps-lite: the training iteration"),
+]
+
+ARRIVALS = table("arrivals", "stats", "(collective or sync round, rank): when the rank entered it "
+                 "(analysis/arrivals.py)", [
+    *ARRIVAL_OPERATION,
+    ("role", STR, "rank (a collective's) or worker (a ps-lite round's)"),
+    ("rank", I32, "the rank (ps-lite: the worker's rank)"),
+    ("world_size", I32, "ranks in the group (ps-lite: workers)"),
+    ("capture", STR, "the capture its entry was seen in"),
+    ("evidence", STR, "sent: its first message, at the sender; received: at the receiver (the sender's "
+                      "capture missing); first_byte: its first byte on its wire, sent or received (NCCL)"),
+    ("entry_ts_ns", I64, "its entry (its first message sent), on the job's one timeline"),
+    ("exit_ts_ns", I64, "its exit (the last byte of its messages for it)"),
+    ("lag_ns", I64, "its entry minus the median of the other ranks' (null: the only rank seen)"),
+    ("idle_ns", I64, "its entry minus its exit from its previous operation of the group (null: not seen)"),
+    ("idle_lag_ns", I64, "its idle_ns minus the median of the other ranks' (a stall of its own, not its "
+                         "previous operation's length)"),
+])
+
+ARRIVAL_SPREAD = table("arrival_spread", "stats", "collective or sync round: how far apart its ranks arrived "
+                       "and how long it took once all were in", [
+    *ARRIVAL_OPERATION,
+    ("role", STR, "rank or worker"),
+    ("world_size", I32, "ranks in the group"),
+    ("ranks", I64, "ranks whose entry was seen"),
+    ("first_entry_ts_ns", I64, "the first rank's entry"),
+    ("last_entry_ts_ns", I64, "the last rank's entry"),
+    ("arrival_spread_ns", I64, "last_entry_ts_ns − first_entry_ts_ns"),
+    ("latest_rank", I32, "the rank that came last"),
+    ("last_exit_ts_ns", I64, "the last rank's exit: the operation's end"),
+    ("completion_ns", I64, "last_exit_ts_ns − last_entry_ts_ns: its time once every rank was in"),
+    ("span_ns", I64, "last_exit_ts_ns − first_entry_ts_ns"),
+])
+
+HOST = [("node", STR, "the host's name (rank 2, worker rank 0) or its address"), ("ip", STR, "its address"),
+        ("direction", STR, "send or recv")]
+
+LINK_HEALTH = table("link_health", "stats", "(host, direction): what limited its link "
+                    "(analysis/link_health.py)", [
+    *HOST,
+    ("bytes", I64, "payload bytes of its streams that way, each stream once"),
+    ("rated_bytes", I64, "bytes of its large messages (64 KiB and more), the ones its rate is measured on"),
+    ("busy_ns", I64, "the union of their transfer times (first to last byte)"),
+    ("rate_gb_per_s", F64, "rated_bytes / busy_ns"),
+    ("peers_rate_gb_per_s", F64, "the median of the other hosts' rates the same way"),
+    ("retransmitted_bytes", I64, "payload bytes seen again (retransmissions)"),
+    ("retransmitted_fraction", F64, "retransmitted_bytes / bytes"),
+    ("zero_windows", I64, "TCP: zero receive windows that held it (recv: the host's own advertisements; send: its "
+                          "peers')"),
+    ("zero_window_s", F64, "TCP: the time its streams' receivers kept their windows at zero (the most any capture "
+                           "saw)"),
+    ("naks", I64, "RoCE: negative acknowledgements on its streams"),
+    ("cnps", I64, "RoCE: congestion notification packets"),
+    ("roce_retransmitted_packets", I64, "RoCE: packets whose PSN was seen before"),
+    ("slow_links", STR, "its slow links that way, source→destination: below a sixth of the job's upper quartile "
+                        "of link rates, both overall and at their best (analysis/link_health.py)"),
+    ("explained_by", STR, "the host(s) a smallest cover of the slow links blames for them"),
+    ("limited_by", STR, "rate, retransmissions, zero_windows (10 ms and more at zero window), naks, cnps, "
+                        "roce_retransmissions (comma-separated; empty: nothing)"),
+])
+
+BURSTINESS = table("burstiness", "stats", "(host, direction, bin width): its peak rate against its mean "
+                   "(analysis/traffic_shape.py)", [
+    *HOST,
+    ("bin_ns", I64, "the bin width: 1, 5 or 10 ms"),
+    ("bins", I64, "bins over its span"),
+    ("bytes", I64, "bytes of its messages that way (each message's bytes spread over its first to last byte)"),
+    ("span_ns", I64, "its first to its last byte that way"),
+    ("mean_rate_gb_per_s", F64, "bytes / span"),
+    ("peak_rate_gb_per_s", F64, "the busiest bin's bytes / the bin width"),
+    ("peak_to_mean", F64, "peak_rate_gb_per_s / mean_rate_gb_per_s"),
+])
+
+ON_OFF = table("on_off", "stats", "(host, direction): its ON and OFF periods (1 ms bins with and without "
+               "traffic) against the iteration period", [
+    *HOST,
+    ("bin_ns", I64, "the bin width"),
+    ("on_fraction", F64, "bins with traffic / bins over its span"),
+    ("on_periods", I64, "runs of bins with traffic"),
+    ("on_median_ns", I64, "their median length"),
+    ("off_median_ns", I64, "the median length of the runs without (null: none)"),
+    ("longest_off_ns", I64, "the longest run without"),
+    ("iteration_period_ns", I64, "the job's iteration period: the median time between a rank's entries into "
+                                 "consecutive operations of its most frequent kind"),
+    ("cycles_per_iteration", F64, "iteration period / (median ON + median OFF): 1 when the traffic turns on and "
+                                  "off once per iteration"),
+])
+
+INCAST = table("incast", "stats", "receiving host: how many senders' messages arrive together "
+               "(analysis/incast.py)", [
+    HOST[0], HOST[1],
+    ("senders", I64, "hosts that sent it messages"),
+    ("max_fan_in", I64, "the most senders arriving at once (within window_ns of each other)"),
+    ("busy_ns", I64, "time with at least one sender arriving"),
+    ("incast_ns", I64, "time with two or more"),
+    ("incast_fraction", F64, "incast_ns / busy_ns"),
+    ("mean_fan_in", F64, "senders arriving, averaged over busy_ns"),
+    ("incast_episodes", I64, "stretches of two or more"),
+    ("window_ns", I64, "how long after its last byte a sender still counts as arriving"),
+])
+
+SIZE_DISTRIBUTIONS = table("size_distributions", "stats", "(kind, protocol): the distribution of message or "
+                           "flow sizes (analysis/size_distributions.py)", [
+    ("kind", STR, "message (each message of the job once) or flow (each TCP direction or RoCE stream once)"),
+    ("protocol", STR, "its protocol (tcp: a flow no decoder claimed)"),
+    ("count", I64, "messages or flows"),
+    ("bytes", I64, "their bytes in all"),
+    ("min_bytes", I64, "smallest"),
+    ("mean_bytes", F64, "mean"),
+    ("p50_bytes", F64, "median"),
+    ("p90_bytes", F64, "90th percentile"),
+    ("p99_bytes", F64, "99th percentile"),
+    ("max_bytes", I64, "largest"),
+])
+
+ROCE_PATHS = table("roce_paths", "stats", "(source, destination) host pair with RoCEv2 streams: the UDP "
+                   "source ports ECMP hashes on (analysis/roce_paths.py)", [
+    ("src_ip", STR, "source address"),
+    ("dst_ip", STR, "destination address"),
+    ("queue_pairs", I64, "its queue pairs (destination QPs)"),
+    ("packets", I64, "their packets, each stream once"),
+    ("src_ports", I64, "distinct UDP source ports of their packets"),
+    ("port_entropy_ratio", F64, "the Shannon entropy of the packets' source ports / log2(queue_pairs), its most: "
+                                "1 when each queue pair has its own port and all are equally busy, 0 when every "
+                                "packet hashes alike (null: one queue pair)"),
+])
+
+ROCE_COLLECTIVES = table("roce_collectives", "stats", "collective operation met by a RoCE congestion or loss "
+                         "signal: CNPs, NAKs and retransmitted packets while it was in flight", [
+    ("protocol", STR, "roce, nccl_socket, gloo"),
+    ("kind", STR, "the collective"),
+    ("seq", I64, "its sequence number"),
+    ("cnps", I64, "congestion notification packets"),
+    ("naks", I64, "negative acknowledgements"),
+    ("retransmitted_packets", I64, "packets whose PSN was seen before"),
+])
+
 STATS_TABLES: dict[str, Table] = {t.name: t for t in (
     ITERATIONS, KEYS, SIZES, TRAFFIC, VOLUME_ITERATIONS, VOLUME_KEYS, REQUESTS, IN_FLIGHT, CONNECTIONS, KEY_UPDATES,
-    COLLECTIVE_STATS, COLLECTIVE_RANKS, COLLECTIVE_TRAFFIC, COLLECTIVE_CONCURRENCY, COLLECTIVE_OVERLAP)}
+    COLLECTIVE_STATS, COLLECTIVE_RANKS, COLLECTIVE_TRAFFIC, COLLECTIVE_CONCURRENCY, COLLECTIVE_OVERLAP,
+    ARRIVALS, ARRIVAL_SPREAD, LINK_HEALTH, BURSTINESS, ON_OFF, INCAST, SIZE_DISTRIBUTIONS, ROCE_PATHS,
+    ROCE_COLLECTIVES)}

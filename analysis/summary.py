@@ -1,6 +1,6 @@
 """All statistics of a job, their summary (means and percentiles), and the files `dlcsniff stats` writes.
 
-A job has a ps-lite trace (the SketchDLC statistics), collective operations (analysis.collectives), or both;
+A job has a ps-lite trace (the SketchDLC statistics), collective operations (analysis.collective_stats), or both;
 the tables and summary sections of the part it lacks are absent.
 """
 from __future__ import annotations
@@ -14,42 +14,58 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from dlcsniff.analysis.collective_stats import CollectiveStats
-from dlcsniff.analysis.describe import describe, human_bytes
-from dlcsniff.analysis.iterations import worker_iterations
+from dlcsniff.analysis.collective_stats import COLLECTIVE_LOSSES, CollectiveStats
+from dlcsniff.analysis.describe import describe
+from dlcsniff.analysis.display import human_bytes, number, scale_of
 from dlcsniff.analysis.latency import JobStats
 from dlcsniff.analysis.load import AnalysisError
-from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, Trace
-from dlcsniff.analysis.overheads import key_overheads
-from dlcsniff.analysis.pattern import message_sizes, traffic_matrix, volume_per_iteration, volume_per_key
+from dlcsniff.analysis.network_behaviour import NetworkBehaviour
+from dlcsniff.analysis.operations import CATEGORY_DATA, DLC_OPERATIONS, ROLE_WORKER, TRACE_LOSSES, Trace
+from dlcsniff.analysis.overheads import KEY_LOSSES
 from dlcsniff.analysis.stats_schema import STATS_TABLES
 
 
 ITERATION_STATISTICS = ("phase1_s", "phase2_s", "phase3_s", "computation_s", "communication_s", "iteration_s",
                         "overlap_ratio", "wait_s")
 KEY_STATISTICS = ("sync_overhead_us", "update_overhead_us", "search_overhead_us")
+# what each count of the summary's "losses" is, and why it was lost (summary.json's "losses_explained")
+LOSSES_EXPLAINED = {**TRACE_LOSSES, **KEY_LOSSES, **COLLECTIVE_LOSSES}
+
+
+PSLITE_TABLES = ("iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys")
+
+
+def _result(name: str) -> property:
+    return property(lambda stats: stats.results.get(name))
 
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """The SketchDLC tables are None when the job has no ps-lite traffic; `collectives` is None when it has
-    no collective operation."""
+    """The summary, and the statistics' results by name (analysis.stats_graph): each a table (a DataFrame) or
+    a part of several tables (the merged view's, the collectives', the network's). The ps-lite tables are
+    None when the job has no ps-lite traffic; `collectives` is None when it has no collective operation."""
 
-    iterations: pd.DataFrame | None
-    keys: pd.DataFrame | None
-    sizes: pd.DataFrame | None
-    traffic: pd.DataFrame | None
-    volume_iterations: pd.DataFrame | None
-    volume_keys: pd.DataFrame | None
     summary: dict
-    job_tables: dict[str, pd.DataFrame] = field(default_factory=dict)   # the merged view's (analysis.latency)
-    collectives: CollectiveStats | None = None
+    results: dict[str, object] = field(default_factory=dict)
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        pslite = {"iterations": self.iterations, "keys": self.keys, "sizes": self.sizes, "traffic": self.traffic,
-                  "volume_iterations": self.volume_iterations, "volume_keys": self.volume_keys}
-        return {**{name: table for name, table in pslite.items() if table is not None}, **self.job_tables,
-                **(self.collectives.tables() if self.collectives is not None else {})}
+        found = {}
+        for name, result in self.results.items():
+            if isinstance(result, pd.DataFrame):
+                found[name] = result
+            elif result is not None:
+                found.update(result.tables())
+        return found
+
+    # the results the report and scripts read by name (None: the job has not that part)
+    iterations = _result("iterations")
+    keys = _result("keys")
+    sizes = _result("sizes")
+    traffic = _result("traffic")
+    volume_iterations = _result("volume_iterations")
+    volume_keys = _result("volume_keys")
+    collectives = _result("collectives")        # CollectiveStats
+    network = _result("network")                # NetworkBehaviour (analysis/network_behaviour.py), with the diagnosis
 
 
 def _summary(trace: Trace, iterations: pd.DataFrame, keys: pd.DataFrame, sizes: pd.DataFrame,
@@ -88,34 +104,41 @@ def _summary(trace: Trace, iterations: pd.DataFrame, keys: pd.DataFrame, sizes: 
                    "row_sparse_push_bytes": int(volume_keys.loc[sparse, "push_bytes"].sum()),
                    "dense_push_bytes": int(volume_keys.loc[~sparse, "push_bytes"].sum()),
                    "rows_per_row_sparse_push": describe(volume_keys.loc[sparse, "rows_per_push"])},
-        "losses": dict(trace.losses),
+        "losses": {**trace.losses, "key_rounds_without_push_times": int((~keys["push_times_known"]).sum())},
     }
 
 
-def compute_stats(trace: Trace | None, source: str | None = None, job: JobStats | None = None,
-                  collectives: CollectiveStats | None = None) -> Stats:
-    """Every statistic of the issue (iterations, per-key overheads, the pattern) and their summary; with
-    `job` (analysis.latency.job_statistics), the merged view's tables and summary sections too; with
-    `collectives` (analysis.collectives.collective_statistics), theirs: summary section "collectives", and
-    their losses among the job's. A job without ps-lite traffic has trace None."""
+def compute_stats(results: dict[str, object], source: str | None = None) -> Stats:
+    """The Stats of the statistics' results (analysis.stats_graph.run_statistics): the summary of the ps-lite
+    tables (the "trace" and PSLITE_TABLES, None without ps-lite traffic); with "merged"
+    (analysis.latency.job_statistics), its summary sections too; with "collectives"
+    (analysis.collective_stats), theirs: section "collectives", and their losses among the job's; with
+    "network" (analysis.network_behaviour), the sections "network" and "diagnosis" (what `dlcsniff diagnose
+    --json` prints, and its verdict)."""
+    trace: Trace | None = results.get("trace")
+    job: JobStats | None = results.get("merged")
+    collectives: CollectiveStats | None = results.get("collectives")
+    network: NetworkBehaviour | None = results.get("network")
     if trace is None and collectives is None:
         raise AnalysisError(f"{source or 'the job'}: no ps-lite message and no collective operation was "
                             "decoded — nothing to analyse")
-    pslite = dict.fromkeys(("iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys"))
     summary = {"source": source, "losses": {}}
     if trace is not None:
-        pslite = {"iterations": worker_iterations(trace), "keys": key_overheads(trace),
-                  "sizes": message_sizes(trace), "traffic": traffic_matrix(trace),
-                  "volume_iterations": volume_per_iteration(trace), "volume_keys": volume_per_key(trace)}
-        summary = _summary(trace, **pslite)
+        summary = _summary(trace, **{name: results[name] for name in PSLITE_TABLES})
         summary["source"] = source
     if job is not None:
         summary.update(job.summary)
     if collectives is not None:
         summary["collectives"] = {name: value for name, value in collectives.summary.items() if name != "losses"}
         summary["losses"] = {**summary["losses"], **collectives.summary["losses"]}
-    return Stats(**pslite, summary=summary, job_tables=job.tables() if job is not None else {},
-                 collectives=collectives)
+    if network is not None:
+        summary["network"] = network.summary()
+        summary["diagnosis"] = {**network.diagnosis.as_json(), "verdict": network.diagnosis.verdict()}
+    summary["losses_explained"] = {name: LOSSES_EXPLAINED[name] for name in summary["losses"]}
+    # what is written: the tables and the parts of several (not the trace they come from)
+    kept = {name: result for name, result in results.items()
+            if isinstance(result, pd.DataFrame) or callable(getattr(result, "tables", None))}
+    return Stats(summary=summary, results=kept)
 
 
 def json_value(value):
@@ -154,9 +177,10 @@ def write_stats(stats: Stats, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def _mean(summary: dict, name: str, scale: float, unit: str) -> str:
+def _mean(summary: dict, name: str) -> str:
     found = summary["statistics"].get(name)
-    return "n/a" if found is None else f"{found['mean'] * scale:,.2f} {unit}"
+    scale, unit = scale_of(name)
+    return "n/a" if found is None else f"{number(found['mean'] * scale, unit)} {unit}"
 
 
 def job_rows(summary: dict) -> list[tuple[str, str]]:
@@ -180,12 +204,12 @@ def headline(summary: dict) -> list[tuple[str, str]]:
     shape, iterations, sizes, records = job_rows(summary)
     return [
         shape, iterations, sizes,
-        ("mean computation overhead", _mean(summary, "computation_s", 1e3, "ms")),
-        ("mean communication overhead", _mean(summary, "communication_s", 1e3, "ms")),
-        ("mean overlap ratio", _mean(summary, "overlap_ratio", 100, "%")),
-        ("mean wait overhead", _mean(summary, "wait_s", 1e3, "ms")),
-        ("mean update overhead", _mean(summary, "update_overhead_us", 1, "µs")),
-        ("mean search overhead", _mean(summary, "search_overhead_us", 1, "µs")),
-        ("mean synchronization overhead", _mean(summary, "sync_overhead_us", 1, "µs")),
+        ("mean computation overhead", _mean(summary, "computation_s")),
+        ("mean communication overhead", _mean(summary, "communication_s")),
+        ("mean overlap ratio", _mean(summary, "overlap_ratio")),
+        ("mean wait overhead", _mean(summary, "wait_s")),
+        ("mean update overhead", _mean(summary, "update_overhead_us")),
+        ("mean search overhead", _mean(summary, "search_overhead_us")),
+        ("mean synchronization overhead", _mean(summary, "sync_overhead_us")),
         records,
     ]

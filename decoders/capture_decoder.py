@@ -31,8 +31,7 @@ from dlcsniff.decoders.inputs.selection import PacketSelection, PacketSelector
 from dlcsniff.decoders.packet import (Datagram, ParseStats, UnsupportedLinktype, check_linktype, ip_to_str,
                                       outgoing_source, parse_packet)
 from dlcsniff.decoders.protocols import protocol_decoders
-from dlcsniff.decoders.protocols.base import Count, ExtraStream, Row, StreamColumns, TcpDirection
-from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.protocols.base import UNLIMITED_SKIP_BYTES, Count, ExtraStream, Row, StreamColumns, TcpDirection
 from dlcsniff.decoders.sansio import NEED_DATA
 from dlcsniff.decoders.tcp import StreamData, StreamEnded, StreamGap, StreamStarted, TcpReassembler
 from dlcsniff.decoders.tcp_driver import BatchDecoder
@@ -48,7 +47,8 @@ GAP_WARN_NS = 1_000_000_000
 CAPTURING_HOST_PACKETS = 10_000
 TCP_STREAM_COLUMNS = ("flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "ts_first_ns", "ts_last_ns", "packets",
                       "bytes", "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "protocol", "encrypted",
-                      "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs")
+                      "reverse_flow_id", "syn_seen", "fin_seen", "rst_seen", "lost_bytes", "resyncs", "seq_base",
+                      "zero_windows", "zero_window_ns")
 
 
 @dataclass(slots=True)
@@ -82,10 +82,14 @@ class CaptureResult:
     parse_stats: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     bulk_packets: int = 0                      # TCP packets the batch decoder applied in bulk
-    files: list[dict] = field(default_factory=list)     # path, packets, ts_first_ns, ts_last_ns of each file read
+    # of each file read: path, packets, ts_first_ns, ts_last_ns, snaplen (its interfaces' smallest; 0: none),
+    # dropped (packets the capture tool recorded as dropped before it got them: a pcapng's statistics, a capture
+    # daemon's capture.json (decoders.job); None: not recorded)
+    files: list[dict] = field(default_factory=list)
     packets_decoded: int = 0                   # the packets a selection (filter, time window) kept: all without one
     first_ts_ns: int | None = None             # the capture's first and last packet (read, selected or not)
     last_ts_ns: int | None = None
+    sha256: list[str | None] = field(default_factory=list)   # of each file read, as stored (None: a stream)
 
 
 def _column_length(columns: dict[str, list]) -> int:
@@ -298,6 +302,9 @@ class CaptureDecoder:
             cols["rst_seen"].append(info.rst_seen)
             cols["lost_bytes"].append(0)
             cols["resyncs"].append(0)
+            cols["seq_base"].append(info.seq_base)
+            cols["zero_windows"].append(info.zero_windows)
+            cols["zero_window_ns"].append(info.zero_window_ns)
         return cols
 
 
@@ -326,7 +333,7 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
             progress(done_bytes + pos - reported)
             reported = done_bytes + pos
 
-    packets, bytes_read, warnings, files = 0, 0, list(capture.notes), []
+    packets, bytes_read, warnings, files, digests = 0, 0, list(capture.notes), [], []
     try:
         for file in capture.files:
             reported = done_bytes = bytes_read
@@ -342,12 +349,15 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
                     batches.feed(item)          # a Packet goes the per-packet way
                     if batched or not n & 0x3FF:
                         report(reader.bytes_read)
+                digests.append(reader.sha256())
                 report(reader.bytes_read)
                 packets += reader.packets
                 bytes_read += reader.bytes_read
                 warnings += reader.warnings
                 files.append({"path": str(file), "packets": reader.packets, "ts_first_ns": first_ts_ns,
-                              "ts_last_ns": last_ts_ns})
+                              "ts_last_ns": last_ts_ns, "snaplen": min((i.snaplen for i in reader.interfaces
+                                                                         if i.snaplen), default=0),
+                              "dropped": reader.dropped_packets})
     finally:
         if selector is not None:
             selector.close()
@@ -368,7 +378,7 @@ def decode_capture(capture: Path | CaptureInput, *, flow_id_base: int = 0, progr
         bulk_packets=batches.bulk_packets, files=files,
         packets_decoded=packets if selector is None else selector.selected,
         first_ts_ns=min((first for first, _ in spans), default=None),
-        last_ts_ns=max((last for _, last in spans), default=None),
+        last_ts_ns=max((last for _, last in spans), default=None), sha256=digests,
     )
 
 

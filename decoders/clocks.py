@@ -21,15 +21,17 @@ captures' own spans when known, is at one end. Both the first and the last byte 
 (each is the same packet at both ends, so each is a valid one-way delay). Capture timestamps' own
 resolution (a microsecond for pcap) comes on top.
 
-Every capture is then aligned to one reference (the scheduler's capture if there is one, else the first)
-along the shortest-path tree over the pairs weighted by their bounds, composing the pairs' affine maps;
-bounds add up along the path. In clocks.parquet (CLOCK_COLUMNS):
+Every capture of a job (decoders.timeline: the captures linked by messages they both saw; another job's
+captures never move its clocks) is then aligned to the job's reference along the shortest-path tree over the
+pairs weighted by their bounds, composing the pairs' affine maps; bounds add up along the path. In
+clocks.parquet (CLOCK_COLUMNS):
 
     aligned_ns = ts_ns + offset_ns + round(drift_ppm * 1e-6 * (ts_ns - epoch_ts_ns))
 
-with one epoch_ts_ns for the whole table. Both offset_ns and drift_ppm are corrections (added): a capture whose
-clock runs 20 ppm fast gets drift_ppm ~ -20. A capture linked to the reference by no pair with samples in
-both directions keeps its own clock (offset 0, drift 0, error_bound_ns null, aligned false).
+with one epoch_ts_ns per job. Both offset_ns and drift_ppm are corrections (added): a capture whose clock runs
+20 ppm fast gets drift_ppm ~ -20. A capture linked to the reference by no chain of pairs with samples in both
+directions is not aligned: offset_ns, drift_ppm and error_bound_ns are null, `reason` says why, and its times
+stay on its own clock.
 """
 from __future__ import annotations
 
@@ -202,14 +204,36 @@ def _shortest_path_tree(pairs: pd.DataFrame, reference: str) -> dict[str, tuple[
     return parent
 
 
+def linked_groups(captures: list[str], links: pd.DataFrame) -> list[list[str]]:
+    """The captures in groups linked by `links` (a, b: two captures that saw one message), each group sorted
+    by name, the groups in the order of their first capture."""
+    root = {capture: capture for capture in captures}
+
+    def find(capture: str) -> str:
+        while root[capture] != capture:
+            root[capture] = root[root[capture]]
+            capture = root[capture]
+        return capture
+    for a, b in zip(links["a"], links["b"]):
+        top_a, top_b = find(a), find(b)
+        if top_a != top_b:
+            root[max(top_a, top_b)] = min(top_a, top_b)
+    groups: dict[str, list[str]] = {}
+    for capture in sorted(captures):
+        groups.setdefault(find(capture), []).append(capture)
+    return list(groups.values())
+
+
 def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str | None = None,
                     spans: pd.DataFrame | None = None) -> pd.DataFrame:
-    """clocks.parquet: how to align every capture in `captures` with the reference (CLOCK_COLUMNS).
+    """clocks.parquet rows of one job: how to align every capture in `captures` with the reference
+    (CLOCK_COLUMNS). A capture no chain of pairs with samples both ways links to the reference is listed
+    with null offset and drift and the `reason`.
 
     The reference defaults to the first capture. `spans` (capture, first_ns, last_ns: each capture's first
     and last timestamp) widens the time over which the bounds hold from the samples' to the captures'.
-    Affine maps are kept relative to epoch_ns (the earliest sample time), so float64 keeps sub-nanosecond
-    precision whatever the absolute times."""
+    Affine maps are kept relative to epoch_ns (the earliest sample time of the job), so float64 keeps
+    sub-nanosecond precision whatever the absolute times, and nothing outside the job moves them."""
     captures = [str(c) for c in captures]
     reference = captures[0] if reference is None else reference
     times = samples[["send_ts_ns", "recv_ts_ns"]].to_numpy(np.int64)
@@ -236,17 +260,51 @@ def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str |
 
     rows = []
     for capture in captures:
-        linked = capture == reference or capture in parent
-        m, k, bound, consistent = resolve(capture) if linked else (1.0, 0.0, np.nan, False)
+        if capture != reference and capture not in parent:
+            rows.append(unaligned_row(capture, reference, epoch_ns, _why_unlinked(capture, samples, pairs,
+                                                                                  reference)))
+            continue
+        m, k, bound, consistent = resolve(capture)
         via, used = (None, (0, 0)) if capture not in parent else (parent[capture][0], _samples_via(
             pairs.iloc[parent[capture][1]], capture))
-        rows.append({"capture": capture, "reference": reference, "aligned": linked, "via": via,
+        rows.append({"capture": capture, "reference": reference, "aligned": True, "via": via,
                      "offset_ns": int(round(k)), "drift_ppm": (m - 1.0) * 1e6, "epoch_ts_ns": epoch_ns,
-                     "error_bound_ns": bound, "consistent": consistent, "messages_used": (used[0] + used[1]) // 2,
-                     "samples_from_via": used[0], "samples_to_via": used[1]})
+                     "error_bound_ns": int(round(bound)), "consistent": consistent,
+                     "messages_used": (used[0] + used[1]) // 2, "samples_from_via": used[0],
+                     "samples_to_via": used[1], "reason": None})
+    return clock_table(rows)
+
+
+def unaligned_row(capture: str, reference: str, epoch_ns: int, reason: str) -> dict:
+    """The clocks.parquet row of a capture that could not be aligned: no offset, no drift, no bound (its
+    times stay on its own clock), and why."""
+    return {"capture": capture, "reference": reference, "aligned": False, "via": None, "offset_ns": None,
+            "drift_ppm": None, "epoch_ts_ns": epoch_ns, "error_bound_ns": None, "consistent": None,
+            "messages_used": 0, "samples_from_via": 0, "samples_to_via": 0, "reason": reason}
+
+
+def clock_table(rows: list[dict]) -> pd.DataFrame:
+    """clocks.parquet rows as a frame of CLOCK_COLUMNS, with nullable columns where a row may have no value."""
     table = pd.DataFrame(rows, columns=list(CLOCK_COLUMNS))
-    table["error_bound_ns"] = table["error_bound_ns"].round().astype("Int64")
+    for column, dtype in (("offset_ns", "Int64"), ("error_bound_ns", "Int64"), ("drift_ppm", "Float64"),
+                          ("consistent", "boolean"), ("aligned", bool), ("epoch_ts_ns", np.int64)):
+        table[column] = table[column].astype(dtype)
     return table
+
+
+def _why_unlinked(capture: str, samples: pd.DataFrame, pairs: pd.DataFrame, reference: str) -> str:
+    """Why no chain of pairs with samples both ways links `capture` to the reference."""
+    sent = int((samples["send_capture"].astype(str) == capture).sum())
+    received = int((samples["recv_capture"].astype(str) == capture).sum())
+    partners = sorted({*pairs.loc[pairs["a"] == capture, "b"], *pairs.loc[pairs["b"] == capture, "a"]})
+    if not sent and not received:
+        return ("no message it sent or received was seen by the capture at the other end (it saw others' "
+                "messages only, or its peers' captures are missing)")
+    if not partners:
+        return (f"the messages seen at both ends go one way only ({sent} one-way delays from it, {received} to "
+                f"it): they bound its clock from one side only")
+    return (f"it exchanged messages both ways only with {', '.join(partners)}, and no messages both ways link "
+            f"those to {reference}")
 
 
 def _samples_via(pair: pd.Series, capture: str) -> tuple[int, int]:
@@ -258,14 +316,15 @@ def _samples_via(pair: pd.Series, capture: str) -> tuple[int, int]:
 
 def align(ts_ns: np.ndarray | pd.Series, capture: np.ndarray | pd.Series,
           clocks: pd.DataFrame) -> pd.arrays.IntegerArray:
-    """Times on the reference clock (nullable Int64 ns): each row's `ts_ns` read with its `capture`'s clock.
-    Null times stay null; a capture the table does not know keeps its own clock."""
+    """Times on the reference clock of each capture's job (nullable Int64 ns): each row's `ts_ns` read with
+    its `capture`'s clock. Null times stay null; a capture the table does not know, or could not align (null
+    offset), keeps its own clock."""
     ts = pd.array(ts_ns, dtype="Int64")
     table = clocks.set_index("capture")
     names = pd.Series(capture, dtype=object).astype(str).to_numpy()
     offset = table["offset_ns"].reindex(names).fillna(0).to_numpy(np.int64)
     drift = table["drift_ppm"].reindex(names).fillna(0.0).to_numpy(np.float64)
-    epoch = int(table["epoch_ts_ns"].iloc[0]) if len(table) else 0
-    raw = ts.to_numpy(dtype=np.int64, na_value=epoch)
+    epoch = table["epoch_ts_ns"].reindex(names).fillna(0).to_numpy(np.int64)
+    raw = np.where(ts.isna(), epoch, ts.to_numpy(dtype=np.int64, na_value=0))
     shifted = raw + offset + np.rint(drift * 1e-6 * (raw - epoch).astype(np.float64)).astype(np.int64)
     return pd.arrays.IntegerArray(shifted, ts.isna().copy())

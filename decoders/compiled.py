@@ -3,6 +3,7 @@ twin of a pure-Python or numpy function that stays as the fallback and the refer
 
     decoders/inputs/record_walk.c  -> dlcsniff.decoders.inputs._record_walk   (decoders.inputs.record_walk)
     decoders/tcp_headers.c         -> dlcsniff.decoders._tcp_headers          (decoders.tcp_driver._Headers)
+    decoders/protocols/zmtp_scan.c -> dlcsniff.decoders.protocols._zmtp_scan (decoders.protocols.zmtp._ZmtpScanner)
 
 DLCSNIFF_PURE_PYTHON=1 in the environment makes every one of them fall back (tests, benchmarks).
 """

@@ -3,7 +3,7 @@ the caller is.
 
 `decode_paths_dask` is `decoders.job.decode_paths` with the captures decoded as Dask tasks instead of forked
 processes: each task is `decode_capture(path, flow_id_base=index << FLOW_ID_CAPTURE_SHIFT)`, and the gathered
-results go through the same `build_dataset`, so both engines give the same tables by construction.
+results go through the same `finish_job`, so both engines give the same tables by construction.
 """
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from dlcsniff.decoders.dask_cluster import cluster_failures, dask_client, worker
 from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.inputs.capture_set import ProgressFn
 from dlcsniff.decoders.inputs.selection import PacketSelection
-from dlcsniff.decoders.job import (FLOW_ID_CAPTURE_SHIFT, DecodedJob, build_dataset, prepare_inputs, with_processes,
-                                   with_selection)
+from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, DecodedJob, finish_job, prepare_inputs
 
 
 def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, workers: int | None = None,
@@ -47,4 +46,4 @@ def decode_paths_dask(inputs: Iterable[Path], *, scheduler: str | None = None, w
             results[index] = dataclasses.replace(future.result(), path=str(paths[index].path))
             if progress is not None:
                 progress(sizes[index])
-    return with_selection(with_processes(build_dataset(results), paths), selection)
+    return finish_job(results, paths, selection)

@@ -2,8 +2,8 @@
 (`dlcsniff.decode`) both take.
 
 The output directory is claimed before any work (decoders.output_dir: never an input's directory, never another
-run's output unless `force`), the inputs are hashed in the background while the captures are decoded (forked
-workers, or Dask tasks with engine="dask"), and the tables, the job's timeline and the manifest are written
+run's output unless `force`), the captures are decoded (forked workers, or Dask tasks with engine="dask"; each
+input hashed from the bytes read to decode it), and the tables, the job's timeline and the manifest are written
 in one place (decoders.output).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Literal, Sequence
 from dlcsniff.decoders.inputs.capture_set import ProgressFn, expand_inputs
 from dlcsniff.decoders.inputs.selection import PacketSelection
 from dlcsniff.decoders.job import DecodedJob, decode_paths, prepare_inputs
-from dlcsniff.decoders.output_dir import InputDigests, claim_output_dir
+from dlcsniff.decoders.output_dir import claim_output_dir, input_entries
 
 Engine = Literal["pandas", "dask"]
 
@@ -34,7 +34,7 @@ class DecodeRun:
 
 
 def _load_writer() -> None:
-    """Import the writer (pyarrow.parquet, the timeline), e.g. while forked workers decode."""
+    """Import the writer (pyarrow.parquet), e.g. while forked workers decode."""
     from dlcsniff.decoders import output  # noqa: F401
 
 
@@ -55,26 +55,22 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
         raise ValueError("a scheduler needs engine='dask'")
     if selection is not None:
         prepare_inputs(captures, selection)         # a filter that does not compile fails before anything is made
-    out_dir = claim_output_dir(Path(out_dir), captures, force=force)
-    digests = InputDigests([file for capture in expand_inputs(captures) for file in capture.files])
-    try:
-        began = time.monotonic()
-        if engine == "dask":
-            from dlcsniff.decoders.dask_decode import decode_paths_dask
-            dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
-                                        selection=selection)
-        else:
-            dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
-                                   meanwhile=_load_writer)
-        decoded = time.monotonic()
-        from dlcsniff.decoders.output import write_decode_output
+    out_dir = claim_output_dir(Path(out_dir), captures, kind="decode", force=force)
+    files = [file for capture in expand_inputs(captures) for file in capture.files]
+    began = time.monotonic()
+    if engine == "dask":
+        from dlcsniff.decoders.dask_decode import decode_paths_dask
+        dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
+                                    selection=selection)
+    else:
+        dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
+                               meanwhile=_load_writer)
+    decoded = time.monotonic()
+    from dlcsniff.decoders.output import write_decode_output
 
-        # The tables, and one timeline for the job: a message seen at both ends becomes one event
-        # (events.parquet), and every capture's clock is aligned to a reference capture (clocks.parquet). The
-        # inputs' digests are waited for only once the timeline is built: on a large input, hashing it takes as
-        # long as decoding it.
-        job_view = write_decode_output(dataset, out_dir, inputs=digests.result, command=command)
-    finally:
-        digests.close()
+    # The tables, and the job's timeline built with them (decoders.job.with_job_view): a message seen at both
+    # ends is one event (events.parquet), every capture's clock aligned to a reference capture (clocks.parquet).
+    job_view = write_decode_output(dataset, out_dir, inputs=input_entries(files, dataset.input_sha256),
+                                   command=command)
     return DecodeRun(dataset=dataset, job_view=job_view, out_dir=out_dir, decode_s=decoded - began,
                      write_s=time.monotonic() - decoded)

@@ -1,8 +1,15 @@
 """Captures of one job → the decode tables: each capture decoded on its own (decoders.capture_decoder, in
-forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (ps-lite nodes and
-tensors: decoders.pslite_job; NCCL collectives: decoders.nccl_collectives; processes from capture daemons:
-decoders.processes) and the summary."""
+forked processes when it pays: decoders.fork_pool), then what only the whole job reveals (each protocol's job
+step, decoders.protocols.JOB_STEPS; processes from capture daemons: decoders.processes; the job's timeline, each
+message once: decoders.timeline) and the summary, with each protocol's counters (their `summary` hooks).
+
+The summary counts the job's messages once (`messages`, `messages_by_protocol`, `incomplete_messages`...: the
+timeline's events) and every capture's sighting of them apart (`observations`, `observations_by_protocol`);
+it says what each protocol lost (`losses_by_protocol`: decoders.losses) and warns of what the captures could
+not hold (`capture_limits`: decoders.capture_limits)."""
 from __future__ import annotations
+
+import collections
 
 import dataclasses
 import datetime
@@ -19,10 +26,12 @@ from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, captu
 from dlcsniff.decoders.inputs.pcap_filter import PcapFilter
 from dlcsniff.decoders.inputs.selection import PacketSelection
 from dlcsniff.decoders.packet import LINKTYPE_ETHERNET
-from dlcsniff.decoders.protocols.roce import ROCE_V2_UDP_PORT
 
 if TYPE_CHECKING:
+    import pandas as pd
     import pyarrow as pa
+
+    from dlcsniff.decoders.timeline import JobView
 
 FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
 # Captures of one job run together; groups of captures this far apart in time were not made of one job.
@@ -32,9 +41,13 @@ _HOSTS_SHOWN = 4
 
 @dataclass
 class DecodedJob:
-    """A job's decode tables (decoders.schema, before the timeline is added by decoders.output) and its summary."""
+    """A job's decode tables (decoders.schema; the timeline's are written from `view` by decoders.output), its
+    summary, and its timeline (`with_job_view`); input_sha256: the sha256 of every file read, in the order of the
+    captures' files (None: a stream)."""
     tables: dict[str, pa.Table]
     summary: dict
+    view: JobView | None = None
+    input_sha256: list[str | None] = dataclasses.field(default_factory=list)
 
 
 def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
@@ -51,42 +64,41 @@ def _concat(results: list[CaptureResult], table: str) -> dict[str, list]:
     return out
 
 
-def _append_columns(first: dict[str, list], second: dict[str, list]) -> dict[str, list]:
-    """Rows of `second` after those of `first`; a column one of them lacks is null in its rows."""
-    n, m = (len(next(iter(cols.values()))) if cols else 0 for cols in (first, second))
-    return {name: first.get(name, [None] * n) + second.get(name, [None] * m) for name in first.keys() | second.keys()}
+def _append_columns(first: dict[str, list], *more: dict[str, list]) -> dict[str, list]:
+    """Rows of each of `more` after those of `first`; a column one of them lacks is null in its rows."""
+    for second in more:
+        n, m = (len(next(iter(cols.values()))) if cols else 0 for cols in (first, second))
+        first = {name: first.get(name, [None] * n) + second.get(name, [None] * m)
+                 for name in first.keys() | second.keys()}
+    return first
 
 
 def build_dataset(results: list[CaptureResult]) -> DecodedJob:
-    """Merge per-capture results into the contract tables, resolving ps-lite nodes job-wide."""
-    from dlcsniff.decoders.nccl_collectives import collective_columns
-    from dlcsniff.decoders.pslite_job import resolve_pslite
-    from dlcsniff.decoders.schema import MESSAGES, STREAMS, table_from_columns
+    """Merge per-capture results into the contract tables, then run every protocol's job step
+    (decoders.protocols.JOB_STEPS: what only the whole job reveals)."""
+    from dlcsniff.decoders.protocols import job_hooks
+    from dlcsniff.decoders.protocols.job_step import JobColumns
+    from dlcsniff.decoders.schema import COLUMN_TABLES, MESSAGES, STREAMS, table_from_columns
 
-    streams = _concat(results, "streams")
-    messages = _concat(results, "messages")
-    # a capture with no ps-lite at all (or no capture at all) still has every column
-    for table, schema in ((streams, STREAMS), (messages, MESSAGES)):
+    job = JobColumns(_concat(results, "streams"), _concat(results, "messages"),
+                     capture_table=lambda name: _concat(results, name))
+    # a capture with none of a protocol's traffic (or no capture at all) still has every column
+    for table, schema in ((job.streams, STREAMS), (job.messages, MESSAGES)):
         rows = len(table.get("capture", ()))
         for name in schema.names:
             table.setdefault(name, [None] * rows)
-    nodes, unattributed = resolve_pslite(streams, messages, *(_concat(results, table) for table in (
-        "pslite_nodes", "pslite_announced", "pslite_routed")))
-    tables = {
-        "streams": table_from_columns("streams", streams),
-        "zmtp": table_from_columns("zmtp", _concat(results, "zmtp")),
-        "messages": table_from_columns("messages", messages),
-        "nodes": table_from_columns("nodes", nodes),
-        "collectives": table_from_columns("collectives", _append_columns(_concat(results, "collectives"),
-                                                                         collective_columns(messages, streams))),
-    }
+    for resolve_job in job_hooks("resolve_job"):
+        resolve_job(job)
+    built = {"streams": job.streams, "messages": job.messages, **job.tables}
+    columns = {name: built[name] if name in built else _concat(results, name) for name in COLUMN_TABLES}
+    columns["collectives"] = _append_columns(columns["collectives"], *job.collectives)
+    tables = {name: table_from_columns(name, columns[name]) for name in COLUMN_TABLES}
     summary = _summary(results, tables)
-    summary["unattributed_messages"] = unattributed
-    summary["warnings"] += two_jobs_evidence(results, tables["streams"])
-    return DecodedJob(tables=tables, summary=summary)
+    summary.update(job.summary)
+    summary["warnings"] += same_capture_twice(results, tables["streams"]) + two_jobs_evidence(results, tables["streams"])
+    return DecodedJob(tables=tables, summary=summary, input_sha256=[digest for r in results for digest in r.sha256])
 
 
-ROCE_COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
 TOP_PORTS = 5
 
 
@@ -99,33 +111,37 @@ def _unclaimed(results: list[CaptureResult], tcp) -> dict:
                                zip(plain["src_ip"], plain["src_port"], plain["dst_ip"], plain["dst_port"])])
     connections = pairs.drop_duplicates(["capture", "ends"])
     tcp_ports = connections.groupby("low").size().sort_values(ascending=False, kind="stable")
+    from dlcsniff.decoders.protocols import job_hooks
+
+    declined = job_hooks("unclaimed")     # what a protocol took at first and gave back (decoders.protocols.job_step)
     udp: dict[int, int] = {}
+    other = 0
     for result in results:
-        for port, n in result.unclaimed_udp.items():
-            udp[port] = udp.get(port, 0) + n
-        # RoCE packets none of whose stream's packets passed the ICRC check (decoders.protocols.roce)
-        unproven = result.counts.get("roce_v2_datagrams_unproven", 0)
-        if unproven:
-            udp[ROCE_V2_UDP_PORT] = udp.get(ROCE_V2_UDP_PORT, 0) + unproven
+        other += result.unclaimed_packets
+        for ports, packets in [(result.unclaimed_udp, 0)] + [hook(result.counts) for hook in declined]:
+            for port, n in ports.items():
+                udp[port] = udp.get(port, 0) + n
+            other += packets
     return {
         "tcp_connections": int(len(connections)),
         "tcp_bytes": int(plain["bytes"].sum()),
         "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
         "udp_datagrams": sum(udp.values()),
         "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
-        "other_packets": sum(r.unclaimed_packets + r.counts.get("roce_v1_packets_unproven", 0) for r in results),
+        "other_packets": other,
     }
 
 
 def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
+    from dlcsniff.decoders.protocols import job_hooks
+
     streams = tables["streams"].to_pandas()
     tcp = streams[streams["syn_seen"].notna()]              # TCP directions (RoCE rows have no handshake)
-    roce = streams[streams["protocol"] == "roce"]
-    messages = tables["messages"].select(["protocol", "complete", "control_cmd", "sender_id", "recver_id"]).to_pandas()
-    pslite = messages[messages["protocol"] == "pslite"]
-    zmtp = tables["zmtp"].select(["command", "complete"]).to_pandas()
+    messages = tables["messages"].select(["protocol"]).to_pandas()
     collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
-    return {
+    # rows of a protocol's own table (ZMTP's messages and commands, ps-lite's nodes...)
+    own_rows = any(table.num_rows for name, table in tables.items() if name not in ("streams", "messages"))
+    summary = {
         "captures": [
             {"capture": r.capture, "path": r.path, "packets": r.packets, "packets_decoded": r.packets_decoded,
              "non_tcp_packets": r.non_tcp_packets, "ts_first_ns": r.first_ts_ns, "ts_last_ns": r.last_ts_ns,
@@ -143,25 +159,23 @@ def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
         "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
         # directions whose data began before the capture did (a reset answering a SYN carries none)
         "midstream_streams": int(((tcp["syn_seen"] == False) & (tcp["bytes"] + tcp["missing_bytes"] > 0)).sum()),  # noqa: E712
-        "zmtp_lost_bytes": int(tcp["lost_bytes"].sum()),
-        "roce": {name: int(roce[name].sum()) for name in ROCE_COUNTERS} if len(roce) else {},
-        "zmtp_messages": int(zmtp["command"].isna().sum()),
-        "zmtp_commands": int(zmtp["command"].notna().sum()),
-        "messages": len(messages),
-        "messages_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
-        "incomplete_messages": int((~messages["complete"].fillna(False).astype(bool)).sum()),
-        "control_messages": int(messages["control_cmd"].notna().sum()),
-        # ps-lite messages whose sender or receiver no identity, routing frame, announcement or address named
-        "messages_without_node_ids": int((pslite["sender_id"].isna() | pslite["recver_id"].isna()).sum()),
+        # every capture's sighting of a message (a message seen at both ends: two); the job's messages once:
+        # message_counts, from the timeline
+        "observations": len(messages),
+        "observations_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
         "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
                                 collectives.groupby(["protocol", "kind"]).size().items()},
         "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),
         "unclaimed": _unclaimed(results, tcp),
         # anything of a protocol dlcsniff decodes: flows or packets a decoder claimed, or messages
-        "dl_traffic": bool(len(messages) or len(zmtp) or (streams["protocol"] != "tcp").any()),
+        "dl_traffic": bool(len(messages) or own_rows or (streams["protocol"] != "tcp").any()),
         "nodes": tables["nodes"].num_rows,
-        "warnings": [w for r in results for w in r.warnings],
+        "warnings": [w for r in results for w in r.warnings]
+                    + [w for hook in job_hooks("warnings") for r in results for w in hook(r.capture, r.counts)],
     }
+    for counters in job_hooks("summary"):
+        summary.update(counters(streams, tables))
+    return summary
 
 
 def prepare_inputs(inputs: Iterable[Path], selection: PacketSelection | None = None
@@ -230,14 +244,82 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None
                 meanwhile()
         results = decode_forked(jobs, [size or 0 for size in sizes], total, workers, progress_total, selection,
                                 meanwhile=load_next)
-    return with_selection(with_processes(build_dataset(results), paths), selection)
+    return finish_job(results, paths, selection)
+
+
+def finish_job(results: list[CaptureResult], captures: list[CaptureInput],
+               selection: PacketSelection | None) -> DecodedJob:
+    """The captures' results (in the order of `captures`) → the job's tables, timeline and summary: what both
+    engines (forked processes, Dask tasks) do once their captures are decoded."""
+    dataset = with_selection(with_processes(build_dataset(results), captures), selection)
+    _record_daemon_drops(dataset.summary["captures"], captures)
+    return with_job_view(dataset)
+
+
+def _record_daemon_drops(summary_captures: list[dict], captures: list[CaptureInput]) -> None:
+    """The packets a capture daemon's kernel dropped while each file was written (its capture.json), into the
+    summary's files (`dropped`), read where the caller is (a Dask worker may not see the directory)."""
+    from dlcsniff.decoders.formats.capture_dir import recorded_drops
+
+    for entry, capture in zip(summary_captures, captures):
+        if capture.directory is not None:
+            drops = recorded_drops(capture.directory)
+            for file in entry["files"]:
+                file["dropped"] = drops.get(Path(file["path"]).name, file["dropped"])
+
+
+def with_job_view(dataset: DecodedJob) -> DecodedJob:
+    """The job's timeline (decoders.timeline.job_view: each message once, the captures' clocks aligned), and
+    what the summary says from it: the job's messages once, each protocol's losses, the capture limits."""
+    import pyarrow as pa
+
+    from dlcsniff.decoders.capture_limits import capture_limits
+    from dlcsniff.decoders.losses import protocol_losses
+    from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
+
+    tables = dataset.tables
+    streams = tables["streams"].to_pandas()
+    view = job_view(tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
+                    streams[list(STREAM_READ_COLUMNS)], tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
+    if view.message_events is not None:      # each sighting names its message
+        column = tables["messages"].schema.get_field_index("event_id")
+        tables["messages"] = tables["messages"].set_column(column, "event_id", pa.array(view.message_events,
+                                                                                         type=pa.int64()))
+    limits, warnings = capture_limits(dataset.summary["captures"], streams, view.events)
+    dataset.summary.update(message_counts(view.events))
+    dataset.summary.update(losses_by_protocol=protocol_losses(streams, view.events), capture_limits=limits)
+    dataset.summary["warnings"] += warnings + view.warnings
+    dataset.view = view
+    return dataset
+
+
+def message_counts(events: pd.DataFrame) -> dict:
+    """The summary's counts of the job's messages, each once (events.parquet)."""
+    from dlcsniff.decoders.protocols import job_hooks
+
+    complete = events["complete"].fillna(False).to_numpy(bool)
+    counts = {
+        "messages": len(events),
+        "messages_by_protocol": {str(protocol): int(n) for protocol, n in
+                                 events.groupby(events["protocol"].astype(str)).size().items()},
+        "incomplete_messages": int((~complete).sum()),
+        "control_messages": int(events["control_cmd"].notna().sum()),
+    }
+    for counters in job_hooks("event_summary"):
+        counts.update(counters(events))
+    return counts
 
 
 def _load_table_builders() -> None:
-    """Import what build_dataset and its summary use (pandas the largest), e.g. while workers decode."""
+    """Import what build_dataset, the timeline and the summary use (pandas the largest), e.g. while workers
+    decode."""
     import pandas  # noqa: F401
 
-    from dlcsniff.decoders import nccl_collectives, pslite_job, schema  # noqa: F401
+    from dlcsniff.decoders import capture_limits, schema, timeline  # noqa: F401
+    from dlcsniff.decoders.protocols import JOB_STEPS
+
+    for entry in JOB_STEPS:
+        entry.hooks()
 
 
 def with_selection(dataset: DecodedJob, selection: PacketSelection | None) -> DecodedJob:
@@ -253,6 +335,23 @@ def _utc(ts_ns: int) -> str:
 def _hosts(hosts: set[str]) -> str:
     shown = sorted(hosts)[:_HOSTS_SHOWN]
     return ", ".join(shown) + (f" and {len(hosts) - len(shown)} more" if len(hosts) > len(shown) else "")
+
+
+def same_capture_twice(results: list[CaptureResult], streams: pa.Table) -> list[str]:
+    """Warnings for captures holding the same packets (a capture and its copy, compressed or renamed, given
+    together): each is decoded as a node of its own, so every message it saw is seen once per copy, and the
+    copies' clocks, seeing none of each other's messages, cannot be aligned. The same packet count, first and
+    last timestamp and TCP payload bytes: two nodes' captures never agree on all four."""
+    frame = streams.select(["capture", "bytes"]).to_pandas()
+    tcp_bytes = frame.groupby(frame["capture"].astype(str))["bytes"].sum()
+    alike: dict[tuple, list[str]] = collections.defaultdict(list)
+    for r in results:
+        if r.packets:
+            alike[(r.packets, r.first_ts_ns, r.last_ts_ns, int(tcp_bytes.get(r.capture, 0)))].append(r.capture)
+    return [f"captures {', '.join(sorted(captures))} hold the same packets ({packets:,}, from {_utc(first)} to "
+            f"{_utc(last)}): one capture given {len(captures)} times? Each is decoded as a node of its own, so "
+            f"its messages are counted once per copy; decode one of them"
+            for (packets, first, last, _), captures in alike.items() if len(captures) > 1]
 
 
 def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> list[str]:

@@ -4,7 +4,8 @@
     events.parquet  clocks.parquet     the job's messages once each, on one clock (decoders.timeline)
                     (every table's schema and columns: decoders.schema)
     manifest.json   which dlcsniff, which command and inputs made it, the tables with their row counts,
-                    and what building the timeline lost (decoders.output_dir; also in each file's metadata)
+                    what building the timeline lost and what the decode warned of (decoders.output_dir; also in
+                    each file's metadata)
 
 `dlcsniff decode` and the tests both call `write_decode_output`; analysis/ reads what it wrote.
 """
@@ -12,44 +13,48 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow.parquet as pq
 
+from dlcsniff.decoders.job import with_job_view
 from dlcsniff.decoders.output_dir import METADATA_KEY, OutputError, manifest, write_manifest
 from dlcsniff.decoders.schema import CLOCKS, EVENTS
-from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
 
 if TYPE_CHECKING:
     from dlcsniff.decoders.job import DecodedJob
 
 def job_view_summary(view) -> dict:
     """What the CLI prints and the manifest keeps of a job view: events, losses, the clocks' alignment."""
+    references = view.clocks["reference"].value_counts(sort=False) if len(view.clocks) else None
     return {"events": view.losses["events"], "losses": view.losses,
-            "reference": str(view.clocks["reference"].iloc[0]) if len(view.clocks) else None,
+            # the reference of the job of the most captures (the first by name among equals)
+            "reference": None if references is None else str(references.sort_index().idxmax()),
             "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}
 
 
 def write_decode_output(dataset: DecodedJob, out_dir: Path, *,
-                        inputs: list[dict] | Callable[[], list[dict]] | None = None,
+                        inputs: list[dict] | None = None,
                         command: Sequence[str] | None = None) -> dict:
-    """Write `dataset` (decoders.job.decode_paths) and its timeline into out_dir (made safe first with
-    decoders.output_dir.claim_output_dir), with its manifest; `inputs`: the captures' files with their size and
-    sha256, or what returns them once ready (decoders.output_dir.InputDigests.result), called only after the
-    timeline is built. Returns the job view's summary (`job_view_summary`)."""
+    """Write `dataset` (decoders.job.decode_paths) and its timeline (`dataset.view`) into out_dir (made safe
+    first with decoders.output_dir.claim_output_dir), with its manifest; `inputs`: the captures' files with their
+    size and sha256 (decoders.output_dir.input_entries). Returns the job view's summary (`job_view_summary`)."""
     out_dir = Path(out_dir)
-    view = job_view(dataset.tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
-                    dataset.tables["streams"].select(list(STREAM_READ_COLUMNS)).to_pandas(),
-                    dataset.tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
+    if dataset.view is None:            # a dataset straight from decoders.job.build_dataset
+        with_job_view(dataset)
+    view = dataset.view
     summary = job_view_summary(view)
     tables = {**dataset.tables,
               "events": EVENTS.from_frame(view.events), "clocks": CLOCKS.from_frame(view.clocks)}
-    if callable(inputs):
-        inputs = inputs()
     content = manifest("decode", inputs=inputs or [], command=command,
                        files={f"{name}.parquet": {"rows": table.num_rows} for name, table in tables.items()},
                        job_view={"events": summary["events"], "losses": summary["losses"],
-                                 "reference": summary["reference"]})
+                                 "reference": summary["reference"]},
+                       # which files each capture is (the tables name it by `capture`): how outputs show it
+                       captures=[{"capture": found["capture"], "files": [piece["path"] for piece in found["files"]]}
+                                 for found in dataset.summary.get("captures", ())],
+                       # what the decode warned of (the capture limits among them), for what reads the output
+                       warnings=dataset.summary["warnings"])
     label = {METADATA_KEY: json.dumps(content, default=str).encode()}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

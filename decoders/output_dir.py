@@ -1,23 +1,24 @@
 """An output directory of dlcsniff (decode, stats, dlc, export), made safely and labelled.
 
-- `claim_output_dir` checks it before any work: never an input's own directory; never mixed with another
-  run's output (that takes `force`, which first removes the files the old manifest lists, and nothing else);
-  writable.
+- `claim_output_dir` checks it before any work: never an input's own directory; never mixed with what is
+  not this command's earlier output (files dlcsniff did not label, another command's output: refused even
+  with `force`); this command's earlier output takes `force`, which first removes the files its manifest
+  lists, and nothing else; writable. A symlink is followed to the directory it names.
+- `claim_output_file` is the same rule for a command that writes one file (the Chrome trace, the report,
+  the Wireshark script): a path that holds nothing, or with `force` the same command's earlier file (told
+  by its first bytes); never a directory, a symlink, or a file dlcsniff did not write there.
 - `write_manifest` labels it: `manifest.json` says which dlcsniff, which command and which inputs (size and
   sha256) made it, and every file written (tables with their rows). Decode outputs also carry the manifest in
   each Parquet file's metadata (decoders.output).
-- `InputDigests` hashes the input files in a forked process while the work runs (on a machine with a free
-  core it costs no wall time).
+- `input_entries` lists the inputs for the manifest, with the sha256 the decode's reader computed of each file
+  from the bytes it read (decoders.inputs.capture_file: one pass over the file).
 """
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -36,10 +37,14 @@ def _same_or_inside(path: Path, directory: Path) -> bool:
     return path == directory or directory in path.parents
 
 
-def claim_output_dir(out_dir: Path, inputs: Iterable[Path], *, force: bool = False) -> Path:
-    """Check `out_dir` before any work (see the module doc) and create it; returns it resolved. An input
-    directory's subdirectories may hold outputs (`decode_dir/stats`), its own files may not be mixed with."""
-    out = Path(out_dir).expanduser().resolve()
+def claim_output_dir(out_dir: Path, inputs: Iterable[Path], *, kind: str, force: bool = False) -> Path:
+    """Check `out_dir` before any work (see the module doc) and create it; returns it resolved. `kind` is the
+    command's (its manifest's kind: decode, stats, dlc, chakra, simulate, figures, diagnose). An input directory's
+    subdirectories may hold outputs (`decode_dir/stats`), its own files may not be mixed with."""
+    given = Path(out_dir).expanduser()
+    if given.is_symlink() and not given.exists():
+        raise OutputError(f"--out {out_dir} is a symlink to {os.readlink(given)}, which does not exist")
+    out = given.resolve()
     for item in inputs:
         item = Path(item).expanduser().resolve()
         home = item if item.is_dir() else item.parent
@@ -51,15 +56,17 @@ def claim_output_dir(out_dir: Path, inputs: Iterable[Path], *, force: bool = Fal
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out_dir} is a file, not a directory")
     previous = read_manifest(out) if out.is_dir() else None
-    if out.is_dir() and any(out.iterdir()):
-        if previous is None and any(out.glob("*.parquet")):
-            raise OutputError(f"--out {out_dir} holds tables dlcsniff did not label (no {MANIFEST}): "
-                              f"choose another directory")
-        if previous is not None and not force:
-            raise OutputError(f"--out {out_dir} holds the output of `{_command_text(previous)}`: "
-                              f"give --force to replace it, or choose another directory")
-        if previous is not None:
-            _remove_outputs(out, previous)
+    if previous is not None and previous.get("kind") != kind:
+        raise OutputError(f"--out {out_dir} holds the output of `{_command_text(previous)}` (a {previous.get('kind')} "
+                          f"output; --force replaces only a {kind} output): choose another directory")
+    if previous is None and out.is_dir() and any(out.iterdir()):
+        raise OutputError(f"--out {out_dir} holds files dlcsniff did not label (no {MANIFEST}): choose another "
+                          "directory, or an empty one")
+    if previous is not None and not force:
+        raise OutputError(f"--out {out_dir} holds the output of `{_command_text(previous)}`: "
+                          f"give --force to replace it, or choose another directory")
+    if previous is not None:
+        _remove_outputs(out, previous)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".dlcsniff-write-check-{os.getpid()}"
@@ -68,6 +75,46 @@ def claim_output_dir(out_dir: Path, inputs: Iterable[Path], *, force: bool = Fal
     except OSError as exc:
         raise OutputError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     return out
+
+
+OUTPUT_FILE_MARK_BYTES = 4096      # where a file dlcsniff wrote says so: its first or last bytes (claim_output_file)
+
+
+def claim_output_file(path: Path, *, marker: bytes, command: str, force: bool = False,
+                      option: str = "--out") -> Path:
+    """Check the one file a command writes before any work (see the module doc) and create its directory;
+    returns the path. `marker`: bytes the command writes within the first (or, before this version of dlcsniff,
+    the last) OUTPUT_FILE_MARK_BYTES of every such file; `command`: the command as the messages name it;
+    `option`: how the user gave the path."""
+    path = Path(path).expanduser()
+    if path.is_symlink():
+        raise OutputError(f"{option} {path} is a symlink (to {os.readlink(path)}): give the path of a file to "
+                          "write, not a link to one")
+    if path.is_dir():
+        raise OutputError(f"{option} {path} is a directory: give the path of the file to write")
+    if path.exists():
+        if not path.is_file():
+            raise OutputError(f"{option} {path} is not a regular file: give the path of a file to write")
+        try:
+            with open(path, "rb") as existing:
+                head = existing.read(OUTPUT_FILE_MARK_BYTES)
+                existing.seek(max(0, path.stat().st_size - OUTPUT_FILE_MARK_BYTES))
+                tail = existing.read(OUTPUT_FILE_MARK_BYTES)
+        except OSError as exc:
+            raise OutputError(f"{option} {path}: unreadable ({exc.strerror or exc})") from None
+        if head and marker not in head and marker not in tail:
+            raise OutputError(f"{option} {path} exists and is not the output of `{command}`: choose another path "
+                              "(--force replaces only that command's own file)")
+        if head and not force:
+            raise OutputError(f"{option} {path} holds the output of `{command}`: give --force to replace it, "
+                              "or choose another path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise OutputError(f"cannot write {path}: {path.parent} is not writable")
+    return path
 
 
 def _command_text(manifest: dict) -> str:
@@ -83,87 +130,18 @@ def _remove_outputs(out: Path, manifest: dict) -> None:
             path.unlink(missing_ok=True)
 
 
-class InputDigests:
-    """sha256 and size of every input file, computed from the moment it is made: in a forked process where
-    there is fork, else in a background thread. (A thread's hashing waits on the GIL whenever this process
-    runs Python, e.g. its imports and the timeline while a worker decodes: beside a busy main thread it took
-    twice as long, on a 1 GB input as long as the whole decode.)"""
-
-    def __init__(self, files: Sequence[Path]):
-        self._files = [Path(f) for f in files]
-        self._digests: list[str | None] | None = None
-        self._pid: int | None = None
-        if not hasattr(os, "fork"):
-            self._thread = threading.Thread(target=self._hash_in_thread, daemon=True, name="sha256")
-            self._thread.start()
-            return
-        read_fd, write_fd = os.pipe()
-        self._pid = os.fork()
-        if self._pid == 0:                     # the child: hash, write the digests, leave without cleanup
-            code = 0
-            try:
-                os.close(read_fd)
-                with os.fdopen(write_fd, "w") as out:
-                    json.dump(self._hash(self._files), out)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        self._pipe = os.fdopen(read_fd)
-
-    @staticmethod
-    def _hash(files: list[Path]) -> list[str | None]:
-        digests = []
-        for path in files:
-            if not path.is_file():
-                digests.append(None)           # a stream (stdin, a fifo): reading it here would take its bytes
-                continue
-            try:
-                with open(path, "rb") as f:
-                    digests.append(hashlib.file_digest(f, "sha256").hexdigest())
-            except OSError:
-                digests.append(None)           # a file gone: no digest
-        return digests
-
-    def _hash_in_thread(self) -> None:
-        self._digests = self._hash(self._files)
-
-    def _wait(self) -> list[str | None]:
-        if self._digests is None and self._pid is None:
-            self._thread.join()
-        elif self._digests is None:
-            text = self._pipe.read()
-            try:
-                self._digests = json.loads(text)
-            except ValueError:                 # the child failed: no digests
-                self._digests = [None] * len(self._files)
-            self.close()
-        return self._digests
-
-    def close(self) -> None:
-        """Stop the hashing process if it still runs (when the digests are not wanted after all)."""
-        if self._pid is None:
-            return
-        if self._digests is None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._digests = [None] * len(self._files)
-        self._pipe.close()
-        os.waitpid(self._pid, 0)
-        self._pid = None
-
-    def result(self) -> list[dict]:
-        out = []
-        for path, digest in zip(self._files, self._wait()):
-            try:
-                size = path.stat().st_size if path.is_file() else None
-            except OSError:
-                size = None
-            out.append({"path": str(path), "size_bytes": size, "sha256": digest})
-        return out
+def input_entries(files: Sequence[Path], digests: Sequence[str | None]) -> list[dict]:
+    """The manifest's inputs: each file's path, size and sha256 (as the decode's reader hashed it from the bytes it
+    read; None for a stream, a fifo or a file gone)."""
+    out = []
+    for path, digest in zip(files, digests):
+        path = Path(path)
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError:
+            size = None
+        out.append({"path": str(path), "size_bytes": size, "sha256": digest if size is not None else None})
+    return out
 
 
 def dlcsniff_version() -> str:

@@ -14,6 +14,7 @@ An (ip, port) reused by another process during the capture is attributed to its 
 """
 from __future__ import annotations
 
+import dataclasses
 
 NULLABLE = {"pid": "Int64", "sender_pid": "Int64", "recver_pid": "Int64", "api_ts_ns": "Int64",
             "send_queue_delay_ns": "Int64"}
@@ -32,6 +33,7 @@ def join_processes(dataset, captures):
     import pyarrow as pa
 
     from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
+    from dlcsniff.decoders.protocols import zmq_carried
 
     directory_of = {c.name: c.directory for c in captures if c.directory is not None}
     loaded = {d: load_capture_dir(d) for d in sorted(set(directory_of.values()))}
@@ -63,7 +65,7 @@ def join_processes(dataset, captures):
         sends = sends[sends["direction"] == "send"]
         if sends.empty:
             continue
-        mine = (messages["capture"] == name) & (messages["protocol"] == "pslite")
+        mine = (messages["capture"] == name) & messages["protocol"].isin(zmq_carried())
         wire = messages.loc[mine, ["ts_first_ns", "meta_bytes", "data_sizes"]].assign(sender_pid=sender_pid[mine])
         wire = wire[wire["sender_pid"].notna()]
         signature = [tuple([m, *d]) for m, d in zip(wire["meta_bytes"], wire["data_sizes"])]
@@ -88,7 +90,7 @@ def join_processes(dataset, captures):
         "messages_with_api_time": int(api_ts.notna().sum()),
         "warnings": [w for d in loaded.values() for w in d.warnings],
     }
-    return type(dataset)(tables=tables, summary=summary)
+    return dataclasses.replace(dataset, tables=tables, summary=summary)
 
 
 def _with_columns(table, columns: dict, pa):

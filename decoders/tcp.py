@@ -80,11 +80,15 @@ class TcpStream:
     saw cut short (snaplen); so `bytes + missing_bytes + uncaptured_bytes` is how far the stream got. `retransmitted_bytes`
     counts payload bytes that repeated bytes already delivered, declared lost or buffered, and payload
     after the stream ended (for a stream whose start was not captured, also bytes before its first byte
-    seen). `buffered_bytes` is out-of-order data waiting for a hole to fill.
+    seen). `buffered_bytes` is out-of-order data waiting for a hole to fill. `zero_windows` counts the segments
+    (without SYN/FIN/RST, as Wireshark's tcp.analysis.zero_window) in which this direction's sender advertised a
+    zero receive window: its application stopped reading the other direction; `zero_window_ns` is how long it kept
+    the window closed, from the first zero to the next segment advertising room (still closed: to its last segment).
     """
 
     __slots__ = ("stream_id", "key", "syn_seen", "first_ts_ns", "last_ts_ns", "packets", "bytes",
                  "missing_bytes", "uncaptured_bytes", "retransmitted_bytes", "fin_seen", "rst_seen", "ended", "buffered_bytes",
+                 "zero_windows", "_zero_window_closed_ns", "_window_closed_since_ns",
                  "_isn", "_next_seq", "_next_offset", "_acked_offset", "_acked_ts_ns", "_fin_offset", "_fin_ts_ns",
                  "_pending")
 
@@ -103,6 +107,9 @@ class TcpStream:
         self.rst_seen = False
         self.ended = False
         self.buffered_bytes = 0
+        self.zero_windows = 0
+        self._zero_window_closed_ns = 0      # time the window was closed, closings that ended...
+        self._window_closed_since_ns: int | None = None   # ...and since when it is closed now
         self._isn = (next_seq - 1) & _SEQ_MASK if syn_seen else None
         self._next_seq = next_seq            # sequence number of the next byte to deliver...
         self._next_offset = 0                # ...and its stream offset
@@ -119,12 +126,38 @@ class TcpStream:
                 f"missing={self.missing_bytes}, uncaptured={self.uncaptured_bytes}, retransmitted={self.retransmitted_bytes}, "
                 f"syn={self.syn_seen}, fin={self.fin_seen}, rst={self.rst_seen}, ended={self.ended})")
 
+    @property
+    def seq_base(self) -> int:
+        """The sequence number of stream offset 0 (the byte after the SYN, or the first byte seen when the
+        capture started mid-connection): every capture numbers the direction's bytes alike by it."""
+        return (self._next_seq - self._next_offset) & _SEQ_MASK
+
+    @property
+    def zero_window_ns(self) -> int:
+        closed_now = 0 if self._window_closed_since_ns is None else self.last_ts_ns - self._window_closed_since_ns
+        return self._zero_window_closed_ns + closed_now
+
+    @property
+    def window_closed(self) -> bool:
+        """The sender's last window advertisement was zero: its next segment may open it (the per-packet path)."""
+        return self._window_closed_since_ns is not None
+
+    def advertise_window(self, window: int, ts_ns: int) -> None:
+        """A segment without SYN/FIN/RST advertised this receive window at ts_ns."""
+        if window == 0:
+            self.zero_windows += 1
+            if self._window_closed_since_ns is None:
+                self._window_closed_since_ns = ts_ns
+        elif self._window_closed_since_ns is not None:
+            self._zero_window_closed_ns += ts_ns - self._window_closed_since_ns
+            self._window_closed_since_ns = None
+
     def offset_of(self, seq: int) -> int:
         """Stream offset of a sequence number, taken within 2^31 of the next expected byte."""
         rel = (seq - self._next_seq) & _SEQ_MASK
         return self._next_offset + (rel - SEQ_MODULUS if rel >= _SEQ_HALF else rel)
 
-    # -- in bulk (decoders.fastpath): what runs of common segments do, without a feed() each ---------
+    # -- in bulk (decoders.tcp_driver): what runs of common segments do, without a feed() each ---------
 
     @property
     def next_seq(self) -> int:
@@ -153,6 +186,34 @@ class TcpStream:
         self.uncaptured_bytes += size - captured
         self._next_offset += size
         self._next_seq = (self._next_seq + size) & _SEQ_MASK
+
+    def buffers_bulk(self) -> bool:
+        """Open, no FIN, data buffered past a hole: a segment without SYN/FIN/RST, captured whole, whose payload
+        starts at or after the end of what is buffered only adds a piece, until the per-stream bound or the
+        reorder window (`TcpReassembler._resolve_acked`) gives the first hole up."""
+        return not self.ended and bool(self._pending) and self._fin_offset is None
+
+    @property
+    def acked_ts_ns(self) -> int:
+        return self._acked_ts_ns
+
+    @property
+    def hole_end_offset(self) -> int:
+        """Where the first hole ends (while buffers_bulk)."""
+        return self._pending[0][0]
+
+    @property
+    def buffered_end_offset(self) -> int:
+        """Where the buffered data ends (while buffers_bulk)."""
+        return self._pending[-1][1]
+
+    def buffer_bulk(self, pieces: list[tuple[int, int, bytes, int]], packets: int, last_ts_ns: int) -> None:
+        """What `packets` such segments do (while buffers_bulk): their payload, pieces (start offset, end
+        offset, bytes, capture ts) in order past the buffered end, waits for the hole before it."""
+        self._pending.extend(pieces)
+        self.buffered_bytes += sum(end - start for start, end, _, _ in pieces)
+        self.packets += packets
+        self.last_ts_ns = last_ts_ns
 
     def acknowledge_bulk(self, acked_offset: int, rose_ts_ns: int | None) -> None:
         """The other direction's acknowledgements of a run: the highest offset, and (if any) the time of
@@ -192,6 +253,8 @@ class TcpReassembler:
             seq = seg.seq
         stream.packets += 1
         stream.last_ts_ns = ts_ns
+        if not flags & (SYN | FIN | RST):
+            stream.advertise_window(seg.window, ts_ns)
         if not stream.ended:
             size = seg.wire_payload_len
             if size:
@@ -336,16 +399,25 @@ class TcpReassembler:
     def _drain(self, stream: TcpStream, events: list[StreamEvent]) -> None:
         """Deliver buffered pieces that now continue the stream, then end it if that reached the FIN."""
         pending = stream._pending
-        while pending and pending[0][0] == stream._next_offset:
-            start, end, data, ts_ns = pending.pop(0)
+        stream_id = stream.stream_id
+        taken = 0
+        offset = stream._next_offset
+        for start, end, data, ts_ns in pending:
+            if start != offset:
+                break
             if data is None:                # the cut tail of a segment that came out of order
-                events.append(StreamGap(stream.stream_id, ts_ns, start, end - start, lost=False))
+                events.append(StreamGap(stream_id, ts_ns, start, end - start, lost=False))
                 stream.uncaptured_bytes += end - start
-                stream._next_offset = end
-                stream._next_seq = (stream._next_seq + end - start) & _SEQ_MASK
-            else:
+            else:                           # the next bytes, whole (a piece holds what was captured)
+                events.append(StreamData(stream_id, ts_ns, start, memoryview(data)))
                 stream.buffered_bytes -= end - start
-                self._deliver(stream, data, end - start, ts_ns, events)
+                stream.bytes += end - start
+            offset = end
+            taken += 1
+        if taken:
+            del pending[:taken]
+            stream._next_seq = (stream._next_seq + offset - stream._next_offset) & _SEQ_MASK
+            stream._next_offset = offset
         self._check_fin(stream, events)
 
     @staticmethod

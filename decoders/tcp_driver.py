@@ -34,7 +34,8 @@ from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, struct_ro
 from dlcsniff.decoders.packet import (ACK, FIN, LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
                              LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, RST,
                              SUPPORTED_LINKTYPES, SYN, ParseStats, Segment, parse_packet)
-from dlcsniff.decoders.tcp import SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler, TcpStream
+from dlcsniff.decoders.tcp import (REORDER_WINDOW_NS, SEQ_MODULUS, StreamData, StreamEvent, StreamGap, TcpReassembler,
+                                   TcpStream)
 
 _SEQ_MASK = SEQ_MODULUS - 1
 _COMPILED_HEADERS = compiled_module("dlcsniff.decoders._tcp_headers")
@@ -52,7 +53,7 @@ _IPV6_HEADER = np.dtype([("version", "u1"), ("flow", "V3"), ("payload_len", ">u2
                          ("hop_limit", "u1"), ("src_hi", ">u8"), ("src_lo", ">u8"), ("dst_hi", ">u8"),
                          ("dst_lo", ">u8")])
 _TCP_HEADER = np.dtype([("sport", ">u2"), ("dport", ">u2"), ("seq", ">u4"), ("ack", ">u4"),
-                        ("data_offset", "u1"), ("flags", "u1")])
+                        ("data_offset", "u1"), ("flags", "u1"), ("window", ">u2")])
 _ETHERTYPE_IPV4 = 0x0800
 _ETHERTYPE_IPV6 = 0x86DD
 _IPPROTO_TCP = 6
@@ -186,7 +187,7 @@ class _Headers:
                                         np.ascontiguousarray(caplen, dtype=np.int64),
                                         linktype if isinstance(linktype, int) else -1, per_packet)
         (self.index, self.sport, self.dport, self.seq, self.ack, self.flags, self.payload_start, self.payload_len,
-         self.wire_len) = (np.frombuffer(field, dtype=np.int64) for field in fields[:-1])
+         self.wire_len, self.window) = (np.frombuffer(field, dtype=np.int64) for field in fields[:-1])
         self.key = np.frombuffer(fields[-1], dtype=np.uint64).reshape(-1, 5)
 
     def _read_numpy(self, u8: np.ndarray, start: np.ndarray, caplen: np.ndarray, linktype) -> None:
@@ -228,6 +229,7 @@ class _Headers:
         self.payload_start = start[self.index] + payload_at
         self.payload_len = captured_end[ok] - payload_at
         self.wire_len = (ip_payload - header_len)[ok]
+        self.window = tcp["window"][ok].astype(np.int64)
         self.key = key[ok]          # src hi, src lo, dst hi, dst lo, ip version << 32 | sport << 16 | dport
 
     @staticmethod
@@ -304,7 +306,8 @@ class _Flow:
     """One TCP direction's packets in the batch; `positions` index its `packets` list."""
     __slots__ = ("number", "key", "reverse", "pair", "packets", "packets_np", "cum", "cum_np", "cum_captured",
                  "slow", "data",
-                 "chain_breaks", "acks", "acks_np", "ack_values", "ack_offsets", "ack_insane", "ack_target",
+                 "chain_breaks", "back_breaks", "cuts", "acks", "acks_np", "ack_values", "ack_offsets", "ack_insane",
+                 "ack_target",
                  "stream", "applied", "shown", "version")
 
     def __init__(self, number: int, key: tuple):
@@ -317,7 +320,9 @@ class _Flow:
         self.cum_captured = [0]             # of which the capture holds (the rest was cut by the snaplen)
         self.slow: list[int] = []           # positions that always take the per-packet path
         self.data: list[int] = []           # positions of segments with payload
-        self.chain_breaks: list[int] = []   # data positions not starting where the previous one ended
+        self.chain_breaks: list[int] = []   # data positions not starting where the previous one ended...
+        self.back_breaks: list[int] = []    # ...of which those not starting after it (overlapping, repeating)
+        self.cuts: list[int] = []           # data positions whose payload the snaplen cut
         self.acks: list[int] = []           # positions of segments with the ACK flag
         self.ack_values = np.zeros(0, dtype=np.int64)
         self.ack_offsets = np.zeros(0, dtype=np.int64)   # their offsets in the reverse stream
@@ -407,26 +412,32 @@ class _Batch:
         order = tcp_index[np.argsort(self.flow_of[tcp_index], kind="stable")]
         flow_of = self.flow_of[order]
         bounds = np.searchsorted(flow_of, np.arange(len(self.flows) + 1))
-        flags, wire, captured, seq, ack = (np.zeros(n, dtype=np.int64) for _ in range(5))
+        flags, wire, captured, seq, ack, window = (np.zeros(n, dtype=np.int64) for _ in range(6))
         flags[h.index], wire[h.index], captured[h.index] = h.flags, h.wire_len, h.payload_len
-        seq[h.index], ack[h.index] = h.seq, h.ack
+        seq[h.index], ack[h.index], window[h.index] = h.seq, h.ack, h.window
         position = np.arange(len(order)) - bounds[flow_of]          # of each packet in its flow's list
         wire, flags = wire[order], flags[order]
         cum, cum_bounds = _prefix_sums(wire, bounds)
         cum_captured, _ = _prefix_sums(captured[order], bounds)
-        slow = np.flatnonzero(~vectorised[order] | (flags & (SYN | FIN | RST) != 0))
+        # a zero window advertised: counted by TcpReassembler.feed, as is the advertisement that opens it again
+        # (_next_slow sends it there)
+        slow = np.flatnonzero(~vectorised[order] | (flags & (SYN | FIN | RST) != 0) | (window[order] == 0))
         data = np.flatnonzero(wire > 0)
         # a data segment not starting where its flow's previous one ended breaks the chain
         d = order[data]
-        follows = seq[d[1:]] == (seq[d[:-1]] + wire[data[:-1]]) & _SEQ_MASK
-        breaks = data[1:][(flow_of[data[1:]] == flow_of[data[:-1]]) & ~follows]
+        jump = (seq[d[1:]] - seq[d[:-1]] - wire[data[:-1]]) & _SEQ_MASK
+        same_flow = flow_of[data[1:]] == flow_of[data[:-1]]
+        breaks = data[1:][same_flow & (jump != 0)]
+        back_breaks = data[1:][same_flow & (jump >= _ACK_SANE_DISTANCE)]     # not a jump forward over a hole
+        cuts = np.flatnonzero(captured[order] < wire)
         acks = np.flatnonzero(flags & ACK)
         ack_positions = position[acks]
         ack_values = ack[order[acks]]
         packets, cum_list, cum_captured_list = order.tolist(), cum.tolist(), cum_captured.tolist()
         # each flow's share of a list: list[cuts[k]:cuts[k + 1]] for flow number k
-        (slow_list, slow_cuts), (data_list, data_cuts), (break_list, break_cuts) = (
-            (position[found].tolist(), np.searchsorted(found, bounds).tolist()) for found in (slow, data, breaks))
+        ((slow_list, slow_cuts), (data_list, data_cuts), (break_list, break_cuts), (back_list, back_cuts),
+         (cut_list, cut_cuts)) = ((position[found].tolist(), np.searchsorted(found, bounds).tolist())
+                                  for found in (slow, data, breaks, back_breaks, cuts))
         ack_list, ack_cuts = ack_positions.tolist(), np.searchsorted(acks, bounds).tolist()
         bounds, cum_bounds = bounds.tolist(), cum_bounds.tolist()
         for flow in self.flows:
@@ -439,6 +450,8 @@ class _Batch:
             flow.slow = list(range(last - first)) if self_connection else slow_list[slow_cuts[k]:slow_cuts[k + 1]]
             flow.data = data_list[data_cuts[k]:data_cuts[k + 1]]
             flow.chain_breaks = break_list[break_cuts[k]:break_cuts[k + 1]]
+            flow.back_breaks = back_list[back_cuts[k]:back_cuts[k + 1]]
+            flow.cuts = cut_list[cut_cuts[k]:cut_cuts[k + 1]]
             flow.acks, flow.acks_np = ack_list[ack_cuts[k]:ack_cuts[k + 1]], ack_positions[ack_cuts[k]:ack_cuts[k + 1]]
             flow.ack_values = ack_values[ack_cuts[k]:ack_cuts[k + 1]]
 
@@ -467,12 +480,33 @@ class _Batch:
         seg = self.segments.get(index)
         if seg is None:
             seg = parse_packet(self._linktype_of(index), self._data(index), int(self.ts_ns[index]), self.stats)
-        on_event = self.consumer.on_tcp_event
-        for event in self.tcp.feed(seg):
-            on_event(event)
+        self._hand_over(self.tcp.feed(seg))
         own = self.flows[self.flow_of[index]]
         own.applied = own.shown = own.applied + 1
         self._sync(flow)
+
+    def _hand_over(self, events: list[StreamEvent]) -> None:
+        """One packet's stream events to the consumer, in order; a run of StreamData of one stream (what a hole
+        given up lets through: the bytes buffered past it) is skipped at once where the consumer can account for
+        all of it unseen, as it would for the run's events one by one."""
+        consumer = self.consumer
+        k, n = 0, len(events)
+        while k < n:
+            event = events[k]
+            end = k + 1
+            if event.__class__ is StreamData:
+                stream_id = event.stream_id
+                size = len(event.data)
+                while end < n and events[end].__class__ is StreamData and events[end].stream_id == stream_id:
+                    size += len(events[end].data)
+                    end += 1
+                if end - k > 1 and size <= consumer.skippable_bytes(stream_id):
+                    consumer.skip_bytes(stream_id, size, events[end - 1].ts_ns)
+                    k = end
+                    continue
+            for event in events[k:end]:
+                consumer.on_tcp_event(event)
+            k = end
 
     def _catch_up(self, flow: _Flow, index: int) -> None:
         """Apply the connection's fast packets before `index`: counters, positions, acknowledgements; and
@@ -484,16 +518,35 @@ class _Batch:
             return                              # slow packets in a row: nothing fast between them
         for f, end in zip((flow, reverse), ends):
             if f.shown < end:
-                self._skip(f, end)
+                if f.stream.takes_bulk():
+                    self._skip(f, end)
+                else:
+                    f.shown = end               # buffered past a hole: shown once the hole is resolved
         self._acknowledge(flow, reverse, ends[0])
         self._acknowledge(reverse, flow, ends[1])
         for f, end in zip((flow, reverse), ends):
             if end > f.applied:
-                f.stream.deliver_bulk(end - f.applied, f.cum[end] - f.cum[f.applied],
-                                      f.cum_captured[end] - f.cum_captured[f.applied],
-                                      int(self.ts_ns[f.packets[end - 1]]))
+                last_ts_ns = int(self.ts_ns[f.packets[end - 1]])
+                if f.stream.takes_bulk():
+                    f.stream.deliver_bulk(end - f.applied, f.cum[end] - f.cum[f.applied],
+                                          f.cum_captured[end] - f.cum_captured[f.applied], last_ts_ns)
+                else:
+                    f.stream.buffer_bulk(self._pieces(f, end), end - f.applied, last_ts_ns)
                 self.owner.bulk_packets += end - f.applied
                 f.applied = end
+
+    def _pieces(self, flow: _Flow, end: int) -> list[tuple[int, int, bytes, int]]:
+        """The payload of the flow's fast data segments before position `end`, as TcpStream buffers them past a
+        hole: (start offset, end offset, a copy of the bytes, capture ts) each."""
+        offset_of, buf, packets = flow.stream.offset_of, self.buf, flow.packets
+        index = [packets[p] for p in flow.data[bisect_left(flow.data, flow.applied):bisect_left(flow.data, end)]]
+        rows = self.row[index]
+        pieces = []
+        for seq, at, size, ts_ns in zip(self.seq[rows].tolist(), self.payload_start[rows].tolist(),
+                                        self.payload_len[rows].tolist(), self.ts_ns[index].tolist()):
+            start = offset_of(seq)
+            pieces.append((start, start + size, bytes(buf[at:at + size]), ts_ns))
+        return pieces
 
     def _acknowledge(self, carrier: _Flow, target: _Flow, carrier_end: int) -> None:
         """What the acknowledgements in carrier's fast packets (to carrier_end) do to target's stream, as
@@ -507,21 +560,24 @@ class _Batch:
         if first == last:
             return
         acked = stream.acked_offset
-        base = stream.next_offset - target.cum[target.applied]    # + cum[position]: next byte by then
+        # + cum[position]: the next byte by then; buffering past a hole, the next byte stays where it starts
+        delivering = stream.takes_bulk()
+        base = stream.next_offset - (target.cum[target.applied] if delivering else 0)
         rose_at = None
         if last - first < _VECTOR_ACKS_FROM:
             for k in range(first, last):
                 offset = int(carrier.ack_offsets[k])
                 if offset > acked:
                     index = carrier.packets[carrier.acks[k]]
-                    if acked <= base + target.cum[bisect_left(target.packets, index, target.applied)]:
+                    if acked <= base + (target.cum[bisect_left(target.packets, index, target.applied)]
+                                        if delivering else 0):
                         rose_at = index
                     acked = offset
         else:
             offsets = carrier.ack_offsets[first:last]
             index = carrier.packets_np[carrier.acks_np[first:last]]
             before = np.maximum.accumulate(np.concatenate(([acked], offsets)))[:-1]
-            delivered = base + target.cum_np[np.searchsorted(target.packets_np, index)]
+            delivered = base + (target.cum_np[np.searchsorted(target.packets_np, index)] if delivering else 0)
             rises = np.flatnonzero((offsets > before) & (before <= delivered))
             rose_at = int(index[rises[-1]]) if len(rises) else None
             acked = max(acked, int(offsets.max()))
@@ -533,7 +589,8 @@ class _Batch:
         reverse = self.flows[flow.reverse]
         for f in (flow, reverse):
             f.stream = self.tcp.stream(f.key)
-        next_slow = min(self._next_slow(flow), self._next_slow(reverse))
+        next_slow = min(self._next_slow(flow), self._next_slow(reverse),
+                        self._hole_given_up(flow, reverse), self._hole_given_up(reverse, flow))
         pair = flow.pair
         self.pair_version[pair] += 1
         self.pair_next_slow[pair] = next_slow
@@ -550,7 +607,10 @@ class _Batch:
         if start == len(packets):
             return self.n
         stream = flow.stream
-        if stream is None or not stream.takes_bulk():
+        if stream is None or stream.window_closed:
+            return packets[start]
+        delivering = stream.takes_bulk()
+        if not delivering and not stream.buffers_bulk():
             return packets[start]
         position = len(packets)
         k = bisect_left(flow.slow, start)
@@ -559,16 +619,23 @@ class _Batch:
         k = bisect_left(flow.data, start)
         if k < len(flow.data) and flow.data[k] < position:
             first_data = flow.data[k]
-            if int(self.seq[self.row[packets[first_data]]]) != stream.next_seq:
+            seq = int(self.seq[self.row[packets[first_data]]])
+            if delivering and seq != stream.next_seq:
                 position = first_data
+            elif not delivering and stream.offset_of(seq) < stream.buffered_end_offset:
+                position = first_data           # bytes already buffered, or a wrap-around: per packet
             else:
-                k = bisect_right(flow.chain_breaks, first_data)
-                if k < len(flow.chain_breaks):
-                    position = min(position, flow.chain_breaks[k])
+                # delivering: the next bytes, in a chain; buffering: pieces in order, holes between them allowed
+                breaks = flow.chain_breaks if delivering else flow.back_breaks
+                k = bisect_right(breaks, first_data)
+                if k < len(breaks):
+                    position = min(position, breaks[k])
+                if not delivering:
+                    position = min(position, self._bound_position(flow, first_data))
         target = self.flows[flow.reverse].stream
         k = bisect_left(flow.acks, start)
         if target is not None and not target.ended and k < len(flow.acks) and flow.acks[k] < position:
-            if not target.takes_bulk():
+            if not (target.takes_bulk() or target.buffers_bulk()):
                 position = flow.acks[k]
             else:
                 self._reference_acks(flow, target)
@@ -576,6 +643,55 @@ class _Batch:
                 if k < len(flow.ack_insane):
                     position = min(position, flow.ack_insane[k])
         return packets[position] if position < len(packets) else self.n
+
+    def _bound_position(self, flow: _Flow, first_data: int) -> int:
+        """Buffering past a hole: the first data position from first_data on that the per-packet path must
+        take: one the snaplen cut, or the one that takes the buffered bytes over the per-stream bound (the
+        reassembler then gives the first hole up)."""
+        cut = bisect_left(flow.cuts, first_data)
+        position = flow.cuts[cut] if cut < len(flow.cuts) else len(flow.packets)
+        room = self.tcp.max_buffered_bytes_per_stream - flow.stream.buffered_bytes
+        cum = flow.cum_captured
+        over = bisect_right(cum, cum[flow.applied] + room, first_data + 1) - 1
+        return min(position, over)
+
+    def _hole_given_up(self, flow: _Flow, reverse: _Flow) -> int:
+        """Batch index from which a packet of the connection may give up the first hole of flow's stream,
+        while it buffers past the hole in bulk (n: none in this batch). TcpReassembler._resolve_acked does it at a
+        packet of either direction once the other direction has acknowledged the hole's end and
+        REORDER_WINDOW_NS has passed since the acknowledgement rose past the stream's next byte."""
+        stream = flow.stream
+        if stream is None or not stream.buffers_bulk():
+            return self.n
+        next_offset, hole_end = stream.next_offset, stream.hole_end_offset
+        acked = stream.acked_offset
+        rose_ts_ns = stream.acked_ts_ns if acked > next_offset else None
+        from_index = -1 if acked >= hole_end else None
+        if from_index is None or rose_ts_ns is None:
+            first = bisect_left(reverse.acks, reverse.applied)
+            if first == len(reverse.acks):
+                return self.n
+            self._reference_acks(reverse, stream)
+            offsets = reverse.ack_offsets[first:]
+            index = reverse.packets_np[reverse.acks_np[first:]]
+            if rose_ts_ns is None:
+                rises = np.flatnonzero(offsets > next_offset)      # the first one rises from at most next_offset
+                if not len(rises):
+                    return self.n
+                rose_ts_ns = int(self.ts_ns[index[rises[0]]])
+            if from_index is None:
+                reached = np.flatnonzero(offsets >= hole_end)
+                if not len(reached):
+                    return self.n
+                from_index = int(index[reached[0]])
+        due_ts_ns = rose_ts_ns + REORDER_WINDOW_NS
+        found = self.n
+        for f in (flow, reverse):
+            packets = f.packets_np[f.applied:]
+            due = np.flatnonzero((packets >= from_index) & (self.ts_ns[packets] >= due_ts_ns))
+            if len(due):
+                found = min(found, int(packets[due[0]]))
+        return found
 
     @staticmethod
     def _reference_acks(flow: _Flow, target: TcpStream) -> None:
@@ -598,9 +714,9 @@ class _Batch:
         skip), if it comes before the connection's next slow packet."""
         flow.version += 1
         stream = flow.stream
-        if (stream is None or flow.shown == len(flow.packets)
+        if (stream is None or not stream.takes_bulk() or flow.shown == len(flow.packets)
                 or flow.packets[flow.shown] >= self.pair_next_slow[flow.pair]):
-            return
+            return                              # (buffering past a hole, nothing is shown)
         cum = flow.cum
         skippable = self.consumer.skippable_bytes(stream.stream_id)
         position = bisect_right(cum, cum[flow.shown] + skippable, flow.shown + 1) - 1

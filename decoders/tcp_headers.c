@@ -6,7 +6,7 @@
  * to: the same arrays on every bundled capture and on packets of every link type, IP version and header shape).
  *
  *   read(buf, start, caplen, linktype, linktypes) -> (index, sport, dport, seq, ack, flags, payload_start,
- *                                                     payload_len, wire_len, key)
+ *                                                     payload_len, wire_len, window, key)
  *       buf: the batch's read buffer; start, caplen: bytes of native int64s, per packet where its link-layer
  *       header starts in buf and how many bytes were captured; linktype: the batch's link type, or -1 when
  *       linktypes (bytes of int64s, per packet) gives each packet's. Every output but key is bytes of int64s, one
@@ -24,7 +24,7 @@
 
 /* LINKTYPE_* numbers (tcpdump.org/linktypes.html) */
 enum { NULL_LINK = 0, ETHERNET = 1, RAW = 101, LOOP = 108, LINUX_SLL = 113, IPV4 = 228, IPV6 = 229, LINUX_SLL2 = 276 };
-enum { FIELDS = 9, KEY_WORDS = 5, TCP_READ_BYTES = 14, IPV4_MIN_BYTES = 20, IPV6_HEADER_BYTES = 40, IPPROTO_TCP = 6 };
+enum { FIELDS = 10, KEY_WORDS = 5, TCP_READ_BYTES = 14, IPV4_MIN_BYTES = 20, IPV6_HEADER_BYTES = 40, IPPROTO_TCP = 6 };
 
 static uint64_t be(const unsigned char *p, int bytes)
 {
@@ -157,6 +157,7 @@ static PyObject *read_headers(PyObject *self, PyObject *args)
         out[6][found] = s + tcp_at + header_len;
         out[7][found] = captured_end - tcp_at - header_len;
         out[8][found] = ip_payload - header_len;
+        out[9][found] = (int64_t)be(tcp + 14, 2);     /* header_len >= 20: the window is within the capture */
         for (int w = 0; w < KEY_WORDS; w++)
             key[found * KEY_WORDS + w] = words[w];
         found++;
@@ -185,7 +186,7 @@ done:
 static PyMethodDef methods[] = {
     {"read", read_headers, METH_VARARGS,
      "read(buf, start, caplen, linktype, linktypes) -> (index, sport, dport, seq, ack, flags, payload_start, "
-     "payload_len, wire_len, key)"},
+     "payload_len, wire_len, window, key)"},
     {NULL, NULL, 0, NULL},
 };
 

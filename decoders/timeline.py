@@ -4,16 +4,19 @@
 sender's and at its receiver's. Here the observations of one message become one event:
 
 - Observations are the same message when they travel on the same connection (its address 4-tuple is the
-  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity (its
-  protocol; for ps-lite the request/push/pull/simple_app flags, timestamp, app, customer, control command
-  and head; for Gloo the opcode; for TCPStore the query), and are the n-th such message on it in each
-  capture. Every protocol's messages take part: ps-lite's, the
-  collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
+  same at both ends; a RoCE queue pair's addresses and destination QP) with the same identity, none of it
+  read from a clock: its protocol; where it starts on the connection as the wire numbers it, the same at
+  both ends whatever either capture missed or however late it started (TCP: the sequence number, a Gloo or
+  TCPStore message's stream offset from its direction's seq_base; RoCE: the PSN); for ps-lite the
+  request/push/pull/simple_app flags, timestamp, app, customer, control command and head; for Gloo the
+  opcode; for TCPStore the query. Of the messages of one identity on a connection, the n-th in each capture
+  are the same (the tie-break where nothing gives a position: ps-lite's, NCCL's). Every protocol's messages
+  take part: ps-lite's, the collective libraries' (Gloo, TCPStore, NCCL) and RoCE's.
 - An observation is the send side when its capture is the sender's own capture, the receive side when it is
   the receiver's (a message within one host, such as a node's to itself: both), and an observer's otherwise.
-  A ps-lite node's own capture is the capture of the host it runs on (`decoders.vantage.vantage_points`);
+  A ps-lite node's own capture is the capture of the host it runs on (`protocols.pslite.vantage.vantage_points`);
   for other protocols the decoder's `outgoing` says, where it knows, and otherwise the capture's host
-  address (`decoders.vantage.capture_hosts`) against the connection's ends. Should a side be seen twice, its
+  address (`decoders.capture_hosts`) against the connection's ends. Should a side be seen twice, its
   first sighting counts.
 - Clocks (decoders.clocks) are estimated from the events seen at both ends: the first byte of every such
   message, and its last byte when both ends saw it whole. The reference is the ps-lite scheduler's own
@@ -29,7 +32,8 @@ events.parquet (EVENT_COLUMNS), one row per message of the job:
   saw it);
 - the same four times on the reference clock (`*_aligned_ns`); ts_first_ns (first byte sent, else first
   byte seen) and ts_last_ns (last byte received, else last byte seen), aligned; transit_ns = last byte
-  received - last byte sent, aligned, when both ends saw it.
+  received - last byte sent, aligned, when both ends saw it whole and both their clocks are aligned. A
+  capture that could not be aligned (clocks.parquet: `reason`) keeps its own clock in the aligned times.
 """
 from __future__ import annotations
 
@@ -38,15 +42,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dlcsniff.decoders.clocks import CLOCK_COLUMNS, SAMPLE_COLUMNS, align, estimate_clocks
-from dlcsniff.decoders.protocols.pslite import SCHEDULER_ID
+from dlcsniff.decoders.clocks import (CLOCK_COLUMNS, SAMPLE_COLUMNS, align, clock_table, estimate_clocks,
+                                      linked_groups, unaligned_row)
 from dlcsniff.decoders.schema import EVENT_ATTRIBUTES as ATTRIBUTES, EVENTS
-from dlcsniff.decoders.vantage import capture_hosts, vantage_points
+from dlcsniff.decoders.capture_hosts import capture_hosts
+from dlcsniff.decoders.protocols import job_hooks
 
 IDENTITY = ("protocol", "request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id",
-            "control_cmd", "head", "opcode", "store_query")
-MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing") + ATTRIBUTES
-STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "dest_qp")
+            "control_cmd", "head", "opcode", "store_query", "psn", "tcp_seq")
+MESSAGE_READ_COLUMNS = ("capture", "flow_id", "ts_first_ns", "ts_last_ns", "outgoing", "stream_offset_bytes",
+                        "psn") + ATTRIBUTES
+STREAM_READ_COLUMNS = ("capture", "flow_id", "src_ip", "src_port", "dst_ip", "dst_port", "dest_qp", "seq_base")
+TCP_SEQ_SPACE = 1 << 32
 NODE_READ_COLUMNS = ("node_id", "hostname")
 SIDES = ("send", "recv")
 EVENT_COLUMNS = EVENTS.names
@@ -59,6 +66,9 @@ class JobView:
     events: pd.DataFrame
     clocks: pd.DataFrame
     losses: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)   # what the decode summary says of the clocks
+    # the event_id of each row of the messages given to job_view (None: read from a decode output)
+    message_events: np.ndarray | None = None
 
 
 def connection_names(streams: pd.DataFrame) -> pd.Series:
@@ -76,14 +86,18 @@ def connection_names(streams: pd.DataFrame) -> pd.Series:
 def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     """The messages (one row per capture that saw each), sorted by time, with `connection`, the `event_id`
     shared by the observations of one message, and whether each is the send / receive side's (`nodes`: which
-    nodes share a host, see decoders.vantage)."""
+    nodes share a host, see decoders.protocols.pslite.vantage)."""
     names = pd.DataFrame({"capture": streams["capture"].astype(str).to_numpy(),
                           "flow_id": streams["flow_id"].to_numpy(np.int64),
                           "connection": connection_names(streams).to_numpy(),
                           "src_ip": streams["src_ip"].astype(object).to_numpy(),
-                          "dst_ip": streams["dst_ip"].astype(object).to_numpy()})
+                          "dst_ip": streams["dst_ip"].astype(object).to_numpy(),
+                          "seq_base": streams["seq_base"].astype("Int64").array})
     obs = messages.assign(capture=messages["capture"].astype(str), message_row=np.arange(len(messages))).merge(
         names, on=["capture", "flow_id"], how="left")
+    # where the message starts in its TCP direction, numbered as the wire numbers it: the same at both ends,
+    # however late either capture started and whatever it lost
+    obs["tcp_seq"] = (obs["seq_base"] + obs["stream_offset_bytes"].astype("Int64")) % TCP_SEQ_SPACE
     # a stream the streams table does not list is its own connection (never merged with another capture's)
     obs["connection"] = obs["connection"].fillna(obs["capture"] + "#" + obs["flow_id"].astype(str))
     obs = obs.sort_values(["ts_first_ns", "ts_last_ns"], kind="stable", ignore_index=True)
@@ -93,20 +107,20 @@ def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFr
     obs["occurrence"] = obs.groupby(["capture", *identity], dropna=False, sort=False).cumcount()
     # numbered in key order, not time order: the same message gets the same id whatever the clocks say
     obs["event_id"] = obs.groupby([*identity, "occurrence"], dropna=False, sort=True).ngroup().astype(np.int64)
-    pslite = (obs["protocol"] == "pslite").to_numpy(bool)
-    own = vantage_points(messages[(messages["protocol"] == "pslite").to_numpy(bool)], nodes)
-    own = own[own["own"]]
-    own_keys = pd.MultiIndex.from_arrays([own["node_id"].to_numpy(np.int64), own["capture"].to_numpy(object)])
-    # other protocols: the decoder's word where it has one, else the capture's host address
+    # the decoder's word where it has one, else the capture's host address; a protocol that knows its messages'
+    # sides better says so (its `message_sides` hook: ps-lite's nodes' own captures)
     host = obs["capture"].map(capture_hosts(streams)).to_numpy(object)
     outgoing = obs["outgoing"].astype("boolean")
     known = outgoing.notna().to_numpy(bool)
     outgoing = outgoing.fillna(False).to_numpy(bool)
-    for side, node, address in (("send", "sender_id", "src_ip"), ("recv", "recver_id", "dst_ip")):
-        keys = pd.MultiIndex.from_arrays([obs[node].fillna(-1).to_numpy(np.int64), obs["capture"].to_numpy(object)])
+    for side, address in (("send", "src_ip"), ("recv", "dst_ip")):
         by_address = obs[address].to_numpy(object) == host
         by_decoder = outgoing if side == "send" else ~outgoing
-        obs[f"{side}_side"] = np.where(pslite, keys.isin(own_keys), np.where(known, by_decoder, by_address))
+        obs[f"{side}_side"] = np.where(known, by_decoder, by_address)
+    for message_sides in job_hooks("message_sides"):
+        mine, send_side, recv_side = message_sides(obs, messages, nodes)
+        obs["send_side"] = np.where(mine, send_side, obs["send_side"].to_numpy(bool))
+        obs["recv_side"] = np.where(mine, recv_side, obs["recv_side"].to_numpy(bool))
     return obs
 
 
@@ -125,13 +139,40 @@ def delay_samples(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _reference_capture(obs: pd.DataFrame, captures: list[str]) -> str:
-    """The scheduler's own capture if there is one, else the one rank 0 sends from, else the first by name."""
+    """The capture a protocol prefers (its `reference_captures` hook: ps-lite's scheduler's own), else the one rank
+    0 sends from, else the first by name."""
     sent = obs[obs["send_side"].to_numpy(bool)]
-    for chosen in (sent.loc[(sent["protocol"] == "pslite") & (sent["sender_id"] == SCHEDULER_ID), "capture"],
-                   sent.loc[sent["src_rank"] == 0, "capture"].sort_values()):
+    for chosen in [hook(sent) for hook in job_hooks("reference_captures")] + [
+            sent.loc[sent["src_rank"] == 0, "capture"].sort_values()]:
         if len(chosen):
             return str(chosen.iloc[0])
     return captures[0]
+
+
+def _job_clocks(obs: pd.DataFrame, events: pd.DataFrame, streams: pd.DataFrame) -> pd.DataFrame:
+    """clocks.parquet: every capture's clock (decoders.clocks), job by job. A job is the captures linked by
+    messages two of them saw, each with its own reference and epoch, so that captures of another job decoded
+    beside it change none of its clocks. A capture that shares no message with another (of a job of its own,
+    or whose peers' captures are missing) or has no message at all is listed, not aligned, when there are
+    others; alone, it is its own reference."""
+    seen = obs[["event_id", "capture"]].drop_duplicates()
+    first = seen.drop_duplicates("event_id").rename(columns={"capture": "a"})
+    links = seen.merge(first, on="event_id").rename(columns={"capture": "b"})
+    captures = sorted({*obs["capture"].unique(), *streams["capture"].astype(str).unique()})
+    samples = delay_samples(events)
+    spans = obs.groupby("capture").agg(first_ns=("ts_first_ns", "min"), last_ns=("ts_last_ns", "max")).reset_index()
+    tables = []
+    for job in linked_groups(captures, links[links["a"] != links["b"]]):
+        if len(job) == 1 and len(captures) > 1:
+            reason = ("it shares no message with another capture (a job of its own, or its peers' captures are "
+                      "missing)" if job[0] in spans["capture"].values else
+                      "it holds no message the job view merges: ps-lite, Gloo, TCPStore, NCCL or RoCE")
+            tables.append(clock_table([unaligned_row(job[0], job[0], 0, reason)]))
+            continue
+        mine = samples[samples["send_capture"].isin(job).to_numpy(bool)]
+        tables.append(estimate_clocks(mine, job, _reference_capture(obs[obs["capture"].isin(job)], job),
+                                      spans[spans["capture"].isin(job)]))
+    return pd.concat(tables, ignore_index=True).sort_values("capture", ignore_index=True)
 
 
 def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> JobView:
@@ -141,6 +182,7 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     messages are."""
     # a column the caller does not have (a protocol's, in an older output) is missing everywhere
     messages = messages.assign(**{name: pd.NA for name in MESSAGE_READ_COLUMNS if name not in messages})
+    streams = streams.assign(**{name: pd.NA for name in STREAM_READ_COLUMNS if name not in streams})
     if len(messages) == 0:     # e.g. captures of no protocol dlcsniff decodes: nothing to merge, nothing to align
         return JobView(events=pd.DataFrame(columns=list(EVENT_COLUMNS)),
                        clocks=pd.DataFrame(columns=list(CLOCK_COLUMNS)), losses={"observations": 0, "events": 0})
@@ -167,10 +209,7 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
     # whole only if every capture that saw it saw it whole (the last byte is then the same at each)
     events["complete"] = obs.groupby("event_id")["complete"].all().reindex(ids).to_numpy(bool)
 
-    captures = sorted(obs["capture"].unique())
-    reference = _reference_capture(obs, captures)
-    spans = obs.groupby("capture").agg(first_ns=("ts_first_ns", "min"), last_ns=("ts_last_ns", "max")).reset_index()
-    clocks = estimate_clocks(delay_samples(events), captures, reference, spans)
+    clocks = _job_clocks(obs, events, streams)
     for side in SIDES:
         for edge in ("first", "last"):
             events[f"{side}_ts_{edge}_aligned_ns"] = align(events[f"{side}_ts_{edge}_ns"], events[f"{side}_capture"],
@@ -181,7 +220,12 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
         pd.Series(seen_first))
     events["ts_last_ns"] = events["recv_ts_last_aligned_ns"].fillna(events["send_ts_last_aligned_ns"]).fillna(
         pd.Series(seen_last))
-    events["transit_ns"] = events["recv_ts_last_aligned_ns"] - events["send_ts_last_aligned_ns"]
+    # a transit across a clock that could not be aligned would be the clocks' difference, not the network's; one
+    # of a message a capture saw cut short ends at the edge of its hole, not at its last byte
+    apart = clocks.loc[~clocks["aligned"], "capture"].to_numpy(object)
+    across = events["send_capture"].isin(apart).to_numpy(bool) | events["recv_capture"].isin(apart).to_numpy(bool)
+    events["transit_ns"] = (events["recv_ts_last_aligned_ns"] - events["send_ts_last_aligned_ns"]).mask(
+        across | ~events["complete"].to_numpy(bool))
     for column in ("send_capture", "recv_capture", "observer_capture", "connection", "protocol"):
         events[column] = events[column].astype("category")
     losses = {
@@ -193,4 +237,25 @@ def job_view(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame)
         "captures_not_aligned": int((~clocks["aligned"]).sum()),
     }
     events = events.sort_values(["ts_first_ns", "event_id"], kind="stable", ignore_index=True)
-    return JobView(events=events[list(EVENT_COLUMNS)], clocks=clocks, losses=losses)
+    message_events = np.empty(len(messages), dtype=np.int64)
+    message_events[obs["message_row"].to_numpy(np.int64)] = obs["event_id"].to_numpy(np.int64)
+    return JobView(events=events[list(EVENT_COLUMNS)], clocks=clocks, losses=losses,
+                   warnings=clock_warnings(clocks, events), message_events=message_events)
+
+
+def clock_warnings(clocks: pd.DataFrame, events: pd.DataFrame) -> list[str]:
+    """What the decode summary says of the clocks: every capture that could not be aligned and why, and the
+    captures whose messages fit no linear clock (aligned transits that are negative)."""
+    apart = clocks[~clocks["aligned"]].groupby("reason", sort=False)["capture"].agg(list)
+    warnings = [f"clocks: capture {names[0]} could not be aligned ({reason}); its times stay on its own clock"
+                if len(names) == 1 else f"clocks: captures {', '.join(names)} could not be aligned ({reason}); "
+                f"their times stay on their own clocks" for reason, names in apart.items()]
+    inconsistent = clocks.loc[clocks["consistent"].eq(False).fillna(False).to_numpy(bool), "capture"].tolist()
+    if inconsistent:
+        transit = events["transit_ns"].dropna()
+        negative = transit[transit < 0]
+        least = f", the least {negative.min() / 1000:.1f} µs" if len(negative) else ""
+        warnings.append(f"clocks of {', '.join(inconsistent)} are not consistent: the messages seen at both ends "
+                        f"fit no offset and drift (a clock that stepped, or busy hosts' late timestamps); "
+                        f"{len(negative)} of {len(transit)} aligned transits are negative{least}")
+    return warnings

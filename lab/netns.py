@@ -272,15 +272,17 @@ class Cluster:
         except KeyError:
             raise NetnsError(f"no host {name!r} in cluster {self.tag} (hosts: {sorted(self.hosts)})") from None
 
-    def limit_rate(self, name: str, rate_bit_s: float) -> None:
+    def limit_rate(self, name: str, rate_bit_s: float, burst_bytes: int | None = None) -> None:
         """Give host `name` a full-duplex link of rate_bit_s each way, as a NIC on a switch port: a token
         bucket (tc tbf) on its eth0 (what it sends) and on its bridge port (what it receives). The bucket holds
         one millisecond at the rate, at least LINK_BUCKET_MIN_BYTES (a smaller one costs the cores a timer per
-        packet); the queue, LINK_QUEUE_MS of it, as a switch port's buffer: beyond, packets are dropped and TCP
-        backs off."""
+        packet), or `burst_bytes` (a shaper that lets bursts through at the veth's speed, as a cloud's burst
+        allowance does); the queue, LINK_QUEUE_MS of it, as a switch port's buffer: beyond, packets are dropped
+        and TCP backs off."""
         host = self.host(name)
         bytes_per_s = rate_bit_s / 8
-        burst = max(int(bytes_per_s / 1000), LINK_BUCKET_MIN_BYTES, 2 * (self.mtu + ETHERNET_HEADER_BYTES))
+        burst = burst_bytes or max(int(bytes_per_s / 1000), LINK_BUCKET_MIN_BYTES,
+                                   2 * (self.mtu + ETHERNET_HEADER_BYTES))
         shape = ["tbf", "rate", f"{int(rate_bit_s)}bit", "burst", str(burst), "latency", f"{LINK_QUEUE_MS}ms"]
         _run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "replace", "dev", host.interface, "root", *shape])
         _run(["ip", "netns", "exec", self.bridge_netns, "tc", "qdisc", "replace", "dev", host.bridge_port, "root",

@@ -9,13 +9,17 @@
 Each job lands in DIR/<job>/ (written beside it first, then renamed into place):
 - <node>.pcap.gz  tcpdump -i any (eth0 and lo) of the node (its own network namespace, MTU 1500, offloads off), gzip -9
 - <node>.log      the node's stderr (MXNet: ps-lite's PS_VERBOSE=2 message log)
-- <node>.json     MXNet: the node's own record of what it did (see sniffer/workloads/mxnet_job.py)
-- zmq_record.json zmq: every message the workload sent (see sniffer/workloads/zmq_job.py)
+- <node>.json     MXNet: the node's own record of what it did (see lab/workloads/mxnet_job.py)
+- zmq_record.json zmq: every message the workload sent (see lab/workloads/zmq_job.py)
 - rank<r>.json    gloo: the rank's own record of every operation (see lab/workloads/gloo_job.py); the Gloo
                   matrix (lab/gloo_matrix.py): of every cell (lab/workloads/gloo_matrix_job.py)
 - plan.json       the Gloo matrix: the job's cells, the same for every rank
 - job.json        the job: nodes (name, role, rank, ps-lite id, ip, netns, pid, port), settings, env,
-                  times, tool versions, capture counts, exit codes.
+                  times, tool versions, capture counts, exit codes; a fault job's `fault` (what was injected
+                  where: the node's own record says when, under `fault`, and a Gloo rank's `error` what failed).
+The fault jobs (FAULT_JOBS) are real jobs with one fault injected: a rank or worker that sleeps before a step,
+a server that sleeps in its update, a rank that stops taking part until the others time out, a worker that
+stops until the job is given up on (killed), a node's link slowed by tc; `dlcsniff diagnose` is judged on them.
 Needs root (network namespaces, tcpdump).
 """
 
@@ -63,6 +67,22 @@ class RecordError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Stall:
+    """One node of a job sleeps `seconds` before training step (MXNet: batch) `step`; an MXNet server, in its
+    update of that training iteration (lab/workloads/stalling_sgd.py). how="sigstop" (Gloo ranks): its process
+    is stopped (SIGSTOP) that long instead, every thread of it."""
+
+    node: str
+    step: int
+    seconds: float
+    how: str = "sleep"
+
+    def args(self, option: str) -> list[str]:
+        how = [] if self.how == "sleep" else ["--stall-by", self.how]
+        return [option, str(self.step), "--stall-s", str(self.seconds), *how]
+
+
+@dataclass(frozen=True, slots=True)
 class MXNetJobSpec:
     name: str
     kvstore: str
@@ -74,12 +94,21 @@ class MXNetJobSpec:
     bigarray_bound: int | None = None
     # tcpdump's kernel buffer (-B, KiB): small ones make the capture lose packets, as busy nodes' captures do
     capture_buffer_kib: int | None = None
+    # tcpdump's snap length (-s, bytes): a small one cuts what the decoders read, as `tcpdump -s 96` does; 0: whole
+    snaplen: int = 0
     # seconds of a cloud VM's other traffic beside the job (lab/workloads/noise.py): TLS, HTTP to a metadata
     # service and DNS from every node to a "services" host, and a port scan of every node from a "scanner"
     noise_s: float | None = None
     # every node's link to the switch (tbf both ways, lab.netns.Cluster.limit_rate), in Mbit/s; None: the
     # veth pair's own speed
     rate_mbit: float | None = None
+    # the links' token bucket in bytes (None: lab.netns.Cluster.limit_rate's, a millisecond at the rate)
+    link_burst_bytes: int | None = None
+    # a fault job: the node that sleeps (a worker before a batch's step, a server in an iteration's update)
+    stall: Stall | None = None
+    # a hung job: the recorder kills every node this long after the stalled node's record says it fell asleep,
+    # as a user gives up on a job that stopped (their connections close: the capture shows the end)
+    give_up_after_s: float | None = None
 
 
 MXNET_JOBS = {
@@ -102,11 +131,16 @@ MXNET_JOBS = {
         MXNetJobSpec("mxnet_lossy_heavy", "dist_sync", "mlp", batches=8, capture_buffer_kib=32),
         # The job among a cloud VM's other traffic.
         MXNetJobSpec("mxnet_noise", "dist_sync", "mlp", batches=3, noise_s=8.0),
+        # Fault jobs: worker 1 sleeps 1.2 s before batch 3's pushes; server 1 sleeps 1 s in iteration 3's update.
+        MXNetJobSpec("mxnet_slow_worker", "dist_sync", "mlp", batches=6, stall=Stall("worker1", 3, 1.2)),
+        MXNetJobSpec("mxnet_slow_server", "dist_sync", "mlp", batches=6, stall=Stall("server1", 3, 1.0)),
+        # worker 1 stops before batch 3 (for 60 s); 3 s later the job is killed: the others waited on it
+        MXNetJobSpec("mxnet_hang", "dist_sync", "mlp", batches=4, stall=Stall("worker1", 3, 60.0), give_up_after_s=3.0),
     )
 }
 ZMQ_JOB = "zmq"
 GLOO_JOB = "gloo"
-ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB, GLOO_JOB, *gloo_matrix.BUNDLED)
+ZERO_WINDOW_JOB = "tcp_zero_window"
 
 
 @dataclass(slots=True)
@@ -172,16 +206,26 @@ def _kill(nodes: Sequence[NodeRun]) -> None:
         node.process.wait()
 
 
-def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float) -> None:
+def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float, *, failures_expected: bool = False,
+                    give_up_after_s: float | None = None) -> int | None:
     """Wait until every node exits. A node still alive STRAGGLER_GRACE_S after its own record said it
-    finished is killed (MXNet may hang in its exit path). A node that fails, or a job still running after
-    timeout_s, ends the job: the rest are killed and RecordError names the culprits with their log tails."""
+    finished is killed (MXNet may hang in its exit path). A node that fails (unless failures_expected: a fault
+    job whose nodes fail by design), or a job still running after timeout_s, ends the job: the rest are killed
+    and RecordError names the culprits with their log tails. With give_up_after_s, every node is killed that
+    long after a node's record says its injected stall began (a hung job given up on): the wall-clock ns it was
+    given up at is returned (else None)."""
     deadline = time.monotonic() + timeout_s
     finished_at: dict[str, float] = {}
+    given_up_ns = None
     while True:
         now = time.monotonic()
         alive = [node for node in nodes if node.process.poll() is None]
-        failed = [node for node in nodes if node.process.poll() not in (None, 0) and not node.killed]
+        if give_up_after_s is not None and _stalled_for_s(alive) > give_up_after_s:
+            given_up_ns = time.time_ns()
+            _kill(nodes)
+            continue
+        failed = [] if failures_expected else [node for node in nodes
+                                               if node.process.poll() not in (None, 0) and not node.killed]
         if failed or now > deadline:
             _kill(nodes)
             culprits = failed or alive
@@ -201,15 +245,24 @@ def _wait_for_nodes(nodes: Sequence[NodeRun], timeout_s: float) -> None:
         time.sleep(POLL_S)
     for node in nodes:
         node.exit_code = node.process.returncode
+    return given_up_ns
+
+
+def _stalled_for_s(nodes: Sequence[NodeRun]) -> float:
+    """How long ago the earliest injected stall of these nodes began (their records' fault.start_ns), or -1."""
+    starts = [record["fault"]["start_ns"] for record in map(_read_record, (node.record_path for node in nodes))
+              if record and "fault" in record]
+    return (time.time_ns() - min(starts)) / 1e9 if starts else -1.0
 
 
 def _start_node(cluster: Cluster, job_dir: Path, workload_python: str, name: str, role: str, script: str,
-                args: list[str], env: dict, port: int | None = None, buffer_kib: int | None = None) -> NodeRun:
+                args: list[str], env: dict, port: int | None = None, buffer_kib: int | None = None,
+                snaplen: int = 0) -> NodeRun:
     """Start a node's capture, then its workload: logging to <name>.log, recording to <name>.json. The
     capture listens on "any": eth0 plus lo, where a process's messages to itself travel (ps-lite's
     scheduler answers its own barriers there, every node sends itself TERMINATE)."""
     options = {} if buffer_kib is None else {"buffer_kib": buffer_kib}
-    capture = cluster.capture(name, job_dir / f"{name}.pcap", interface="any", **options)
+    capture = cluster.capture(name, job_dir / f"{name}.pcap", snaplen, interface="any", **options)
     record_path = job_dir / f"{name}.json"
     argv = [workload_python, str(WORKLOADS_DIR / script), *args, "--record", str(record_path)]
     with open(job_dir / f"{name}.log", "wb") as log:
@@ -218,14 +271,17 @@ def _start_node(cluster: Cluster, job_dir: Path, workload_python: str, name: str
 
 
 def _run_to_end(cluster: Cluster, nodes: Sequence[NodeRun], job_dir: Path, timeout_s: float,
-                *, gzip_captures: bool = True) -> list[dict]:
-    """Wait for every node, stop (and compress) the captures; the nodes' entries for job.json."""
+                *, gzip_captures: bool = True, failures_expected: bool = False,
+                give_up_after_s: float | None = None) -> tuple[list[dict], int | None]:
+    """Wait for every node, stop (and compress) the captures; the nodes' entries for job.json, and when the job
+    was given up on (see _wait_for_nodes)."""
     try:
-        _wait_for_nodes(nodes, timeout_s)
+        given_up_ns = _wait_for_nodes(nodes, timeout_s, failures_expected=failures_expected,
+                                      give_up_after_s=give_up_after_s)
         capture_stats = _finish_captures(nodes, gzip_captures)
     except RecordError as exc:
         raise RecordError(f"{exc}\n(logs and captures kept in {job_dir})") from None
-    return [_node_entry(cluster, node, *capture_stats[node.name]) for node in nodes]
+    return [_node_entry(cluster, node, *capture_stats[node.name]) for node in nodes], given_up_ns
 
 
 def _finish_captures(nodes: Sequence[NodeRun], gzip_captures: bool) -> dict[str, tuple[dict, Path]]:
@@ -268,10 +324,11 @@ def _publish_job_dir(staging: Path, out_dir: Path, job: str, job_record: dict) -
     return final
 
 
-def _limit_rates(cluster: Cluster, names: Sequence[str], rate_mbit: float | None) -> None:
+def _limit_rates(cluster: Cluster, names: Sequence[str], rate_mbit: float | None,
+                 burst_bytes: int | None = None) -> None:
     if rate_mbit is not None:
         for name in names:
-            cluster.limit_rate(name, rate_mbit * 1e6)
+            cluster.limit_rate(name, rate_mbit * 1e6, burst_bytes)
 
 
 def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
@@ -284,7 +341,7 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
     noise_hosts = ["services", "scanner"] if spec.noise_s else []
     started_ns = time.time_ns()
     with Cluster(f"{spec.name}-{os.getpid()}", node_names + noise_hosts) as cluster:
-        _limit_rates(cluster, node_names, spec.rate_mbit)
+        _limit_rates(cluster, node_names, spec.rate_mbit, spec.link_burst_bytes)
         scheduler_ip = cluster.host("scheduler").ip
         job_env = {
             "DMLC_PS_ROOT_URI": scheduler_ip,
@@ -305,13 +362,18 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
                 node_env["PORT"] = str(port)  # ps-lite's own variable for a node's listening port
             args = ["--model", spec.model, "--kvstore", spec.kvstore, "--batches", str(spec.batches),
                     "--batch-size", str(spec.batch_size)]
+            if spec.stall is not None and spec.stall.node.startswith("server") and role == "worker":
+                args += ["--optimizer", "stallingsgd"]
+            if spec.stall is not None and spec.stall.node == name:
+                args += spec.stall.args("--stall-batch")
             nodes.append(_start_node(cluster, job_dir, workload_python, name, role, "mxnet_job.py", args,
-                                     node_env, port, spec.capture_buffer_kib))
+                                     node_env, port, spec.capture_buffer_kib, spec.snaplen))
         # the other traffic starts once every node's capture runs: all of it is in the captures
         noise, secrets = (_start_noise(cluster, job_dir, workload_python, node_names, spec.noise_s)
                           if spec.noise_s else ([], None))
         try:
-            node_entries = _run_to_end(cluster, nodes + noise, job_dir, timeout_s)
+            node_entries, given_up_ns = _run_to_end(cluster, nodes + noise, job_dir, timeout_s,
+                                                    give_up_after_s=spec.give_up_after_s)
         finally:
             if secrets is not None:
                 shutil.rmtree(secrets, ignore_errors=True)
@@ -321,9 +383,11 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         entry["record"] = f"{entry['name']}.json"
     for entry in node_entries[:len(nodes)]:
         record = records[entry["name"]] or {}
-        entry["record"] = f"{entry['name']}.json"
+        # a node killed before it wrote its record has none
+        entry["record"] = f"{entry['name']}.json" if records[entry["name"]] is not None else None
         entry["pslite_id"] = _pslite_node_id(job_dir / entry["log"])
-        entry["rank"] = record.get("rank") if entry["role"] == "worker" else None
+        # a worker killed before it wrote its record: its rank from its ps-lite id (9 + 2r)
+        entry["rank"] = record.get("rank", (entry["pslite_id"] - 9) // 2) if entry["role"] == "worker" else None
     # Servers: ps-lite ids 8 + 2r (ps::Postoffice::ServerRankToID).
     for entry in node_entries:
         if entry["role"] == "server" and entry["pslite_id"] is not None:
@@ -344,8 +408,13 @@ def record_mxnet_job(spec: MXNetJobSpec, out_dir: Path, workload_python: str,
         "num_workers": spec.num_workers,
         "bigarray_bound": spec.bigarray_bound,
         "capture_buffer_kib": spec.capture_buffer_kib,
+        "snaplen": spec.snaplen,
         "noise_s": spec.noise_s,
         "rate_mbit": spec.rate_mbit,
+        "link_burst_bytes": spec.link_burst_bytes,
+        "fault": None if spec.stall is None else {"kind": "stall" if spec.give_up_after_s is None else "hang",
+                                                  **asdict(spec.stall), "given_up_after_s": spec.give_up_after_s,
+                                                  "given_up_ns": given_up_ns},
         "env": job_env,
         "subnet": str(cluster.subnet),
         "mtu": cluster.mtu,
@@ -391,7 +460,7 @@ def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JO
         nodes = [_start_node(cluster, job_dir, workload_python, name, name, "zmq_job.py",
                              [name, "--server-ip", server_ip, "--base-port", str(ZMQ_BASE_PORT)], BASE_ENV)
                  for name in ("server", "client")]
-        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s)
+        node_entries, _ = _run_to_end(cluster, nodes, job_dir, timeout_s)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     merged = merge_zmq_records(records["server"], records["client"])
@@ -418,22 +487,69 @@ def record_zmq_job(out_dir: Path, workload_python: str, *, timeout_s: float = JO
 @dataclass(frozen=True, slots=True)
 class GlooTraining:
     """The Gloo workload as a data-parallel training loop (gloo_job.py --train-steps): per step, computation
-    (`compute_matmuls` 256×256 matrix products), then one all-reduce of `grad_elements` float32."""
+    (`compute_matmuls` 256×256 matrix products), then one all-reduce of `grad_elements` float32; `stall`: one
+    rank sleeps before a step's all-reduce; `timeout_s`: the process group's timeout (a stall beyond it is a
+    hang: the others fail)."""
 
     steps: int
     grad_elements: int
     compute_matmuls: int
+    stall: Stall | None = None
+    timeout_s: float | None = None
 
-    def args(self) -> list[str]:
-        return ["--train-steps", str(self.steps), "--grad-elements", str(self.grad_elements),
+    def args(self, node: str) -> list[str]:
+        args = ["--train-steps", str(self.steps), "--grad-elements", str(self.grad_elements),
                 "--compute-matmuls", str(self.compute_matmuls)]
+        if self.timeout_s is not None:
+            args += ["--timeout-s", str(self.timeout_s)]
+        if self.stall is not None and self.stall.node == node:
+            args += self.stall.args("--stall-step")
+        return args
+
+    @property
+    def failures_expected(self) -> bool:
+        """The ranks fail by design: a stall longer than the others' timeout."""
+        return self.stall is not None and self.timeout_s is not None and self.stall.seconds > self.timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class GlooFaultJob:
+    """A bundled Gloo training job (4 ranks) with one fault: a stall (GlooTraining.stall) or one rank's link
+    slowed to `slow_link_mbit` each way (tc tbf, Cluster.limit_rate), the other links left at the veth's speed."""
+
+    name: str
+    training: GlooTraining
+    slow_link: str | None = None
+    slow_link_mbit: float | None = None
+
+
+GLOO_FAULT_JOBS = {
+    job.name: job
+    for job in (
+        # rank 2 sleeps 1.5 s before step 6's all-reduce
+        GlooFaultJob("gloo_straggler", GlooTraining(12, 65_536, 20, stall=Stall("rank2", 6, 1.5))),
+        # rank 1's process stopped (SIGSTOP) 1.2 s before step 4's all-reduce
+        GlooFaultJob("gloo_straggler_sigstop", GlooTraining(8, 65_536, 20, stall=Stall("rank1", 4, 1.2, "sigstop"))),
+        # rank 3 stops before step 5 for 12 s; the others give up after their 4 s timeout
+        GlooFaultJob("gloo_hang", GlooTraining(10, 65_536, 20, stall=Stall("rank3", 5, 12.0), timeout_s=4.0)),
+        # rank 1's link at 100 Mbit/s each way; 1 MiB all-reduced per step
+        GlooFaultJob("gloo_slow_link", GlooTraining(6, 262_144, 20), slow_link="rank1", slow_link_mbit=100),
+    )
+}
+FAULT_JOBS = (*(name for name, spec in MXNET_JOBS.items() if spec.stall), *GLOO_FAULT_JOBS)
+ALL_JOBS = (*MXNET_JOBS, ZMQ_JOB, GLOO_JOB, *gloo_matrix.BUNDLED, *GLOO_FAULT_JOBS, ZERO_WINDOW_JOB)
+ZERO_WINDOW_PORT = 5600
+# The slow reader (lab/workloads/slow_reader.py): a 32 KiB receive buffer, three stops of 0.4 s, 2 MB sent
+ZERO_WINDOW_READER = ["--receive-buffer", "32768", "--pauses", "3", "--pause-s", "0.4"]
+ZERO_WINDOW_SENDER = ["--bytes", "2000000"]
 
 
 def _record_gloo_ranks(job_dir: Path, workload_python: str, job: str, script: str, world_size: int,
-                       args: list[str], limit: Callable[[Cluster, list[str]], None], timeout_s: float,
-                       *, gzip_captures: bool = True) -> dict:
-    """Run a torch.distributed Gloo workload `script`, one rank per namespace (rank 0 hosts the TCPStore), after
-    `limit` set the ranks' links; the job.json entries every Gloo job has (nodes with their ranks and records)."""
+                       args: Callable[[str], list[str]], limit: Callable[[Cluster, list[str]], None],
+                       timeout_s: float, *, gzip_captures: bool = True, failures_expected: bool = False) -> dict:
+    """Run a torch.distributed Gloo workload `script`, one rank per namespace (rank 0 hosts the TCPStore), with
+    args(node) of each, after `limit` set the ranks' links; the job.json entries every Gloo job has (nodes with
+    their ranks and records)."""
     node_names = [f"rank{rank}" for rank in range(world_size)]
     started_ns = time.time_ns()
     with Cluster(f"{job}-{os.getpid()}", node_names) as cluster:
@@ -444,10 +560,11 @@ def _record_gloo_ranks(job_dir: Path, workload_python: str, job: str, script: st
         job_env = {"GLOO_SOCKET_IFNAME": "eth0"}
         nodes = [_start_node(cluster, job_dir, workload_python, name, "rank", script,
                              ["--rank", str(rank), "--world-size", str(world_size), "--master-addr", master_ip,
-                              "--master-port", str(GLOO_MASTER_PORT), *args],
+                              "--master-port", str(GLOO_MASTER_PORT), *args(name)],
                              {**BASE_ENV, **job_env}, GLOO_MASTER_PORT if rank == 0 else None)
                  for rank, name in enumerate(node_names)]
-        node_entries = _run_to_end(cluster, nodes, job_dir, timeout_s, gzip_captures=gzip_captures)
+        node_entries, _ = _run_to_end(cluster, nodes, job_dir, timeout_s, gzip_captures=gzip_captures,
+                                   failures_expected=failures_expected)
     ended_ns = time.time_ns()
     records = {node.name: _read_record(node.record_path) for node in nodes}
     for rank, entry in enumerate(node_entries):
@@ -469,14 +586,27 @@ def _record_gloo_ranks(job_dir: Path, workload_python: str, job: str, script: st
 
 def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GLOO_WORLD_SIZE,
                     timeout_s: float = JOB_TIMEOUT_S, name: str = GLOO_JOB, rate_mbit: float | None = None,
-                    training: GlooTraining | None = None) -> Path:
+                    training: GlooTraining | None = None, slow_link: str | None = None,
+                    slow_link_mbit: float | None = None) -> Path:
     """Run the torch.distributed Gloo workload (its list of operations, or `training`), one rank per
-    namespace (rank 0 hosts the TCPStore), each on a link of rate_mbit if given; return its directory."""
+    namespace (rank 0 hosts the TCPStore), each on a link of rate_mbit if given, and `slow_link`'s at
+    slow_link_mbit; return its directory."""
     out_dir = Path(out_dir).resolve()
     job_dir = _prepare_job_dir(out_dir, name)
+
+    def limit(cluster: Cluster, names: list[str]) -> None:
+        _limit_rates(cluster, names, rate_mbit)
+        if slow_link is not None:
+            _limit_rates(cluster, [slow_link], slow_link_mbit)
+
     ranks = _record_gloo_ranks(job_dir, workload_python, name, "gloo_job.py", world_size,
-                               training.args() if training else [],
-                               lambda cluster, names: _limit_rates(cluster, names, rate_mbit), timeout_s)
+                               training.args if training else lambda node: [], limit, timeout_s,
+                               failures_expected=training is not None and training.failures_expected)
+    fault = None
+    if training is not None and training.stall is not None:
+        fault = {"kind": "hang" if training.failures_expected else "stall", **asdict(training.stall)}
+    elif slow_link is not None:
+        fault = {"kind": "slow_link", "node": slow_link, "rate_mbit": slow_link_mbit}
     job_record = {
         "job": name,
         "framework": "pytorch",
@@ -484,6 +614,7 @@ def record_gloo_job(out_dir: Path, workload_python: str, *, world_size: int = GL
         "mode": "training" if training else "collectives",
         "training": asdict(training) if training else None,
         "rate_mbit": rate_mbit,
+        "fault": fault,
         **ranks,
     }
     return _publish_job_dir(job_dir, out_dir, name, job_record)
@@ -506,7 +637,7 @@ def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workl
             cluster.limit_send_rate(node, rate_mbit)
 
     ranks = _record_gloo_ranks(job_dir, workload_python, spec.name, "gloo_matrix_job.py", spec.world_size,
-                               ["--plan", str(plan_path)], limit, timeout_s, gzip_captures=spec.gzip)
+                               lambda node: ["--plan", str(plan_path)], limit, timeout_s, gzip_captures=spec.gzip)
     job_record = {
         "job": spec.name,
         "framework": "pytorch",
@@ -518,6 +649,38 @@ def record_gloo_matrix_job(spec: gloo_matrix.MatrixJobSpec, out_dir: Path, workl
         **ranks,
     }
     return _publish_job_dir(job_dir, out_dir, spec.name, job_record)
+
+
+def record_zero_window_job(out_dir: Path, workload_python: str, *, timeout_s: float = JOB_TIMEOUT_S) -> Path:
+    """A sender and a receiver that stops reading three times (lab/workloads/slow_reader.py), each in its own
+    namespace and capture: real zero-window advertisements, the reader's record saying when it stopped."""
+    out_dir = Path(out_dir).resolve()
+    job_dir = _prepare_job_dir(out_dir, ZERO_WINDOW_JOB)
+    started_ns = time.time_ns()
+    with Cluster(f"{ZERO_WINDOW_JOB}-{os.getpid()}", ["reader", "sender"]) as cluster:
+        reader_ip = cluster.host("reader").ip
+        port = ["--port", str(ZERO_WINDOW_PORT)]
+        nodes = [_start_node(cluster, job_dir, workload_python, "reader", "reader", "slow_reader.py",
+                             ["--role", "reader", *port, *ZERO_WINDOW_READER], BASE_ENV, ZERO_WINDOW_PORT),
+                 _start_node(cluster, job_dir, workload_python, "sender", "sender", "slow_reader.py",
+                             ["--role", "sender", "--host", reader_ip, *port, *ZERO_WINDOW_SENDER], BASE_ENV)]
+        node_entries, _ = _run_to_end(cluster, nodes, job_dir, timeout_s)
+    for entry in node_entries:
+        entry["record"] = f"{entry['name']}.json"
+    job_record = {
+        "job": ZERO_WINDOW_JOB,
+        "framework": "python sockets",
+        "transport": "tcp",
+        "mode": "slow reader",
+        "fault": {"kind": "zero_window", "node": "reader", "args": ZERO_WINDOW_READER},
+        "subnet": str(cluster.subnet),
+        "mtu": cluster.mtu,
+        "start_ns": started_ns,
+        "end_ns": time.time_ns(),
+        "versions": _tool_versions(workload_python),
+        "nodes": node_entries,
+    }
+    return _publish_job_dir(job_dir, out_dir, ZERO_WINDOW_JOB, job_record)
 
 
 def merge_zmq_records(server: dict, client: dict) -> dict:
@@ -636,6 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def recorder(job) -> Callable[[], Path]:
         if job == ZMQ_JOB:
             return lambda: record_zmq_job(args.out, args.workload_python, timeout_s=args.timeout)
+        if job == ZERO_WINDOW_JOB:
+            return lambda: record_zero_window_job(args.out, args.workload_python, timeout_s=args.timeout)
         if job == GLOO_JOB and args.command == "gloo":
             training = (GlooTraining(args.train_steps, args.grad_elements, args.compute_matmuls)
                         if args.train_steps else None)
@@ -648,6 +813,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   timeout_s=max(args.timeout, gloo_matrix.JOB_TIMEOUT_S))
         if job == GLOO_JOB:
             return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout)
+        if job in GLOO_FAULT_JOBS:
+            fault_job = GLOO_FAULT_JOBS[job]
+            return lambda: record_gloo_job(args.out, args.workload_python, timeout_s=args.timeout,
+                                           name=fault_job.name, training=fault_job.training,
+                                           slow_link=fault_job.slow_link, slow_link_mbit=fault_job.slow_link_mbit)
         spec = job if isinstance(job, MXNetJobSpec) else MXNET_JOBS[job]
         return lambda: record_mxnet_job(spec, args.out, args.workload_python, timeout_s=args.timeout)
     return record_each(recorder(job) for job in jobs)

@@ -1,1 +1,1 @@
-"""Capture side of dlcsniff: the only package that needs root, live interfaces, namespaces or bcc."""
+"""Capture side of dlcsniff: the only package that needs root, live interfaces, namespaces or eBPF."""

@@ -1,7 +1,9 @@
-"""Symbols of ELF shared objects, read without any library: which functions a file defines and where they lie in
-it (a uprobe is attached at a file offset), and where the dynamic loader keeps its list of loaded objects."""
+"""Symbols of ELF files, read without any library: which functions a shared object defines and where they lie in
+it (a uprobe is attached at a file offset), where the dynamic loader keeps its list of loaded objects, and where
+a BPF object's read-only settings lie in its .rodata (set before it is loaded)."""
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 
@@ -89,6 +91,33 @@ def _elf_symbols(file, prefixes: tuple[bytes, ...], objects: bool) -> dict[str, 
                 name = strings[name_offset:strings.index(b"\0", name_offset)].decode()
                 found.setdefault(name, Symbol(value, _file_offset(segments, value)))
     return found
+
+
+def section_variables(image: bytes, section: str) -> dict[str, tuple[int, int]]:
+    """The data objects a relocatable ELF file (a compiled BPF object) defines in `section`: name -> (offset in
+    the section, size). Empty for anything else."""
+    file = io.BytesIO(image)
+    try:
+        header = _header(file)
+        if header is None:
+            return {}
+        *_, section_offset, _, _, _, _, section_size, section_count, names_index = header
+        sections = list(_ELF_SECTION.iter_unpack(_read_at(file, section_offset, section_count * section_size)))
+        names = _read_at(file, sections[names_index][4], sections[names_index][5])
+        wanted = [index for index, (name, *_) in enumerate(sections)
+                  if names[name:names.index(b"\0", name)] == section.encode()]
+        found = {}
+        for _, kind, _, _, offset, size, link, _, _, entry_size in sections:
+            if kind != _SHT_SYMTAB or entry_size != _ELF_SYMBOL.size:
+                continue
+            strings = _read_at(file, sections[link][4], sections[link][5])
+            for name_offset, info, _, section_index, value, symbol_size in _ELF_SYMBOL.iter_unpack(
+                    _read_at(file, offset, size)):
+                if section_index in wanted and info & 0xF == _STT_OBJECT:
+                    found[strings[name_offset:strings.index(b"\0", name_offset)].decode()] = (value, symbol_size)
+        return found
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
+        return {}
 
 
 def interpreter(path: str) -> str | None:

@@ -1,8 +1,9 @@
 """What the capture side takes from libbpf (libbpf.so.1, through ctypes) and from the bpf() system call: per-CPU
-counters, a map's size, object files loaded (the snap filter), and uprobes attached with BPF links.
+counters, a map's size, object files loaded with their read-only settings (the probes, the snap filter), and
+uprobes attached with BPF links.
 
 Uprobes are attached as BPF_TRACE_UPROBE_MULTI links: the kernel asks for no capability there, only a program
-descriptor (loaded, with its expected attach type, by the root probe helper), so the daemon attaches the probes
+descriptor (loaded, with its expected attach type, by the root helper), so the daemon attaches the probes
 of libraries that jobs load while it runs after giving up every privilege. (The older way, a perf event of the
 uprobe PMU, wanted CAP_SYS_ADMIN when tried on this machine's kernel, 6.18: CAP_PERFMON and CAP_BPF were refused.)
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from dlcsniff.sniffer.elf_symbols import section_variables
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_LINK_CREATE = 28
@@ -41,10 +44,18 @@ def load_libbpf() -> ctypes.CDLL:
     lib.bpf_object__open_mem.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     lib.bpf_object__load.argtypes = [ctypes.c_void_p]
     lib.bpf_object__close.argtypes = [ctypes.c_void_p]
-    lib.bpf_object__find_program_by_name.restype = ctypes.c_void_p
-    lib.bpf_object__find_program_by_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.bpf_object__next_program.restype = ctypes.c_void_p
+    lib.bpf_object__next_program.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.bpf_program__name.restype = ctypes.c_char_p
+    lib.bpf_program__name.argtypes = [ctypes.c_void_p]
+    lib.bpf_program__set_autoload.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    lib.bpf_program__set_expected_attach_type.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.bpf_program__fd.argtypes = [ctypes.c_void_p]
     lib.bpf_object__find_map_fd_by_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.bpf_object__find_map_by_name.restype = ctypes.c_void_p
+    lib.bpf_object__find_map_by_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.bpf_map__initial_value.restype = ctypes.c_void_p
+    lib.bpf_map__initial_value.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
     lib.libbpf_set_print.restype = ctypes.c_void_p
     lib.libbpf_set_print.argtypes = [ctypes.c_void_p]
     return lib
@@ -78,9 +89,12 @@ VERIFIER_LOG_BYTES = 1 << 20          # the kernel keeps the end of a longer log
 VERIFIER_LOG_TAIL_LINES = 8
 
 
-def load_object(elf: bytes, program: str, maps: Sequence[str]) -> tuple[int, list[int]]:
-    """Load a BPF object file (root): descriptors of one of its programs and of some of its maps, ours to
-    close. A refusal raises BpfError with the end of the verifier's log."""
+def load_object(elf: bytes, programs: Sequence[str], maps: Sequence[str], *, settings: Mapping[str, bytes] = {},
+                attach_types: Mapping[str, int] = {}) -> tuple[dict[str, int], dict[str, int]]:
+    """Load a BPF object file (root): descriptors of some of its programs (the others are not loaded) and of
+    some of its maps, ours to close. `settings`: the bytes of read-only variables (`const volatile` globals
+    in .rodata), set before the load, so that the verifier knows them; `attach_types`: the expected attach
+    type of programs that need one. A refusal raises BpfError with the end of the verifier's log."""
     lib = load_libbpf()
     image = ctypes.create_string_buffer(elf, len(elf))
     log = ctypes.create_string_buffer(VERIFIER_LOG_BYTES)
@@ -91,17 +105,42 @@ def load_object(elf: bytes, program: str, maps: Sequence[str]) -> tuple[int, lis
     if not obj:
         raise BpfError(f"libbpf cannot read the object: {os.strerror(ctypes.get_errno())}")
     try:
+        _set_read_only_data(lib, obj, elf, settings)
+        found = {}
+        program = None
+        while program := lib.bpf_object__next_program(obj, program):
+            name = lib.bpf_program__name(program).decode()
+            lib.bpf_program__set_autoload(program, name in programs)
+            if name in attach_types:
+                lib.bpf_program__set_expected_attach_type(program, attach_types[name])
+            found[name] = program
+        if missing := [name for name in programs if name not in found]:
+            raise BpfError(f"the object lacks the programs {missing}")
         if lib.bpf_object__load(obj) != 0:
             tail = "\n".join(log.value.decode(errors="replace").strip().splitlines()[-VERIFIER_LOG_TAIL_LINES:])
             raise BpfError(f"the kernel refused it: {os.strerror(ctypes.get_errno())}\n{tail}")
-        found = lib.bpf_object__find_program_by_name(obj, program.encode())
-        map_fds = [lib.bpf_object__find_map_fd_by_name(obj, name.encode()) for name in maps]
-        if not found or min(map_fds, default=0) < 0:
-            raise BpfError(f"the object lacks {program} or one of {list(maps)}")
+        map_fds = {name: lib.bpf_object__find_map_fd_by_name(obj, name.encode()) for name in maps}
+        if missing := [name for name, fd in map_fds.items() if fd < 0]:
+            raise BpfError(f"the object lacks the maps {missing}")
         # Descriptors of our own: closing the object closes libbpf's.
-        return os.dup(lib.bpf_program__fd(found)), [os.dup(fd) for fd in map_fds]
+        return ({name: os.dup(lib.bpf_program__fd(found[name])) for name in programs},
+                {name: os.dup(fd) for name, fd in map_fds.items()})
     finally:
         lib.bpf_object__close(obj)
+
+
+def _set_read_only_data(lib: ctypes.CDLL, obj: int, elf: bytes, settings: Mapping[str, bytes]) -> None:
+    if not settings:
+        return
+    variables = section_variables(elf, ".rodata")
+    rodata = lib.bpf_object__find_map_by_name(obj, b".rodata")
+    size = ctypes.c_size_t()
+    data = lib.bpf_map__initial_value(rodata, ctypes.byref(size)) if rodata else None
+    for name, value in settings.items():
+        offset, length = variables.get(name, (0, -1))
+        if not data or length != len(value) or offset + length > size.value:
+            raise BpfError(f"the object has no {len(value)}-byte read-only variable {name}")
+        ctypes.memmove(data + offset, value, length)
 
 
 def attach_uprobes(program_fd: int, path: str, offsets: Sequence[int], *, pid: int = 0,

@@ -3,7 +3,6 @@ libpcap's own pcap_dump: no Python per packet)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from pathlib import Path
 
@@ -28,6 +27,9 @@ _PCAP_ERRBUF_BYTES = 256
 _PCAP_NETMASK_UNKNOWN = 0xFFFFFFFF
 _PCAP_TSTAMP_PRECISION_NANO = 1
 _IOFBF = 0
+# libpcap's sonames: Debian's (libpcap0.8), upstream's. Loaded by name, as libbpf.so.1 is: ctypes.util.find_library
+# would run ldconfig (a process) at every start.
+LIBPCAP_NAMES = ("libpcap.so.0.8", "libpcap.so.1")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -37,10 +39,14 @@ _libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes
 
 
 def _load_libpcap() -> ctypes.CDLL:
-    name = ctypes.util.find_library("pcap")
-    if name is None:
-        raise DaemonError("libpcap is not installed (apt-get install libpcap0.8)")
-    lib = ctypes.CDLL(name, use_errno=True)
+    for name in LIBPCAP_NAMES:
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+            break
+        except OSError:
+            continue
+    else:
+        raise DaemonError(f"libpcap is not installed (none of {', '.join(LIBPCAP_NAMES)}; apt-get install libpcap0.8)")
     p, i, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
     signatures = {
         "pcap_create": (p, [s, s]), "pcap_set_snaplen": (i, [p, i]), "pcap_set_promisc": (i, [p, i]),

@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-MB = 1_000_000                     # --rotate-mb / --max-disk-mb units, as tcpdump's -C
+MB = 1_000_000                     # sizes as the daemon shows them, and the deprecated --rotate-mb's unit (tcpdump -C)
+MIB = 1 << 20
 MAX_SNAPLEN = 262144               # libpcap's largest
 
 
@@ -49,13 +50,13 @@ class CaptureOptions:
     filter: str | None = None
     ports: str | None = None                 # "9091,9100-9200"
     snaplen: int = MAX_SNAPLEN
-    rotate_mb: int = 100
-    max_disk_mb: int | None = None
+    rotate_bytes: int = 100 * MB
+    max_disk_bytes: int | None = None
     duration_s: float | None = None
     ebpf: bool = True
     user: str | None = None                  # None: the first of DEFAULT_USERS that exists
     libraries: tuple[Path, ...] = ()         # probed from the start, beside those found in processes
-    buffer_mb: int = 64                      # kernel capture ring
+    buffer_bytes: int = 64 * MIB             # kernel capture ring
     full_payload: bool = False               # True: every byte of every packet (no ZMTP cut)
     zmq_events: str = "none"                 # libzmq calls probed: none, sends, calls (sniffer/uprobes.py)
 
@@ -145,14 +146,14 @@ def check_options(options: CaptureOptions) -> None:
             raise bad_option(f"--iface: no interface {options.interface!r} here") from None
     if not 0 <= options.snaplen <= MAX_SNAPLEN:
         raise bad_option(f"--snaplen: {options.snaplen} is not within 0-{MAX_SNAPLEN} (0: whole packets)")
-    if options.rotate_mb < 1:
-        raise bad_option("--rotate-mb must be at least 1")
-    if options.max_disk_mb is not None and options.max_disk_mb < 1:
-        raise bad_option("--max-disk-mb must be at least 1")
+    if options.rotate_bytes < MB:
+        raise bad_option(f"--rotate-size must be at least 1 MB (not {options.rotate_bytes:,} bytes)")
+    if options.max_disk_bytes is not None and options.max_disk_bytes < MB:
+        raise bad_option(f"--max-disk must be at least 1 MB (not {options.max_disk_bytes:,} bytes)")
     if options.duration_s is not None and not options.duration_s > 0:
         raise bad_option("--duration must be more than 0 seconds")
-    if not 1 <= options.buffer_mb <= 4096:
-        raise bad_option("--buffer-mb must be within 1-4096")
+    if not MIB <= options.buffer_bytes <= 4096 * MIB:
+        raise bad_option(f"--buffer-size must be within 1 MiB-4 GiB (not {options.buffer_bytes:,} bytes)")
     if options.libraries and not options.ebpf:
         raise bad_option("--lib needs the eBPF probes (drop --no-ebpf)")
     if options.zmq_events not in ZMQ_EVENTS:

@@ -1,6 +1,6 @@
 """What /proc tells about a network namespace at one moment: its TCP sockets and who holds them, its
-processes, and the shared objects they map. The probes see what happens after the daemon starts;
-this module covers what was already there.
+processes, and the files they map executable. The probes see what happens after they attached; this module
+covers what was already there, and opens the libraries to probe.
 
 /proc/net/tcp{,6} list the sockets of the reading task's namespace; a socket belongs to every process
 holding a descriptor on its inode (/proc/<pid>/fd/* -> "socket:[inode]").
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import struct
 import sys
 from dataclasses import dataclass
@@ -100,6 +101,13 @@ def socket_inodes(pid: int, proc: Path = PROC) -> set[int]:
     return inodes
 
 
+def parent_of(pid: int, proc: Path = PROC) -> int | None:
+    try:
+        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def comm_of(pid: int, proc: Path = PROC) -> str | None:
     try:
         return (proc / str(pid) / "comm").read_text().rstrip("\n")
@@ -134,24 +142,68 @@ def socket_owners(netns: int, proc: Path = PROC) -> list[SocketOwner]:
     return owners
 
 
-def mapped_shared_objects(pid: int, proc: Path = PROC) -> set[str]:
-    """Paths of the shared objects a process maps executable ("*.so" / "*.so.*")."""
-    try:
-        maps = (proc / str(pid) / "maps").read_text()
-    except OSError:
-        return set()
-    paths = set()
-    for line in maps.splitlines():
+@dataclass(frozen=True, slots=True)
+class MappedFile:
+    """A file a process maps executable: where (the address range names it in /proc/PID/map_files), and what."""
+    path: str
+    device: int          # st_dev as /proc/PID/maps shows it
+    inode: int
+    addresses: str       # "start-end", hex
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.device, self.inode
+
+
+def parse_maps(text: str) -> list[MappedFile]:
+    """The files /proc/PID/maps shows mapped executable, each once (its first executable range)."""
+    found: dict[tuple[int, int], MappedFile] = {}
+    for line in text.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/"):
-            path = fields[5]
-            name = path.rsplit("/", 1)[-1]
-            if name.endswith(".so") or ".so." in name:
-                paths.add(path)
-    return paths
+        if len(fields) == 6 and "x" in fields[1] and fields[5].startswith("/") and fields[4] != "0":
+            major, minor = fields[3].split(":")
+            mapped = MappedFile(fields[5], os.makedev(int(major, 16), int(minor, 16)), int(fields[4]), fields[0])
+            found.setdefault(mapped.key, mapped)
+    return list(found.values())
 
 
-def path_seen_by(pid: int, path: str, proc: Path = PROC) -> Path:
-    """A path as process `pid` resolves it (its root and cwd), usable from here."""
-    base = proc / str(pid)
-    return base / "root" / path.lstrip("/") if path.startswith("/") else base / "cwd" / path
+def executable_files(pid: int, proc: Path = PROC) -> list[MappedFile]:
+    """The files a live process maps executable (its program, its shared objects); [] when it is gone."""
+    try:
+        return parse_maps((proc / str(pid) / "maps").read_text())
+    except OSError:
+        return []
+
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def open_mapped_files(pid: int, paths: list[str], proc: Path = PROC) -> list[tuple[MappedFile, int]]:
+    """Read-only descriptors of the files process `pid` maps executable under these paths (as its loader named
+    them: a link to a file it maps counts, found by inode), each opened through /proc/PID/map_files: the
+    mapping's own file, whatever its path names now, once per file. Only regular files that start as an ELF file
+    does; the mapping's path is the one /proc shows."""
+    mapped = executable_files(pid, proc)
+    by_path = {item.path: item for item in mapped}
+    by_inode = {item.inode: item for item in mapped}
+    opened, seen = [], set()
+    for path in dict.fromkeys(paths):
+        item = by_path.get(path)
+        if item is None and path.startswith("/"):
+            # (an absolute link on the way resolves against our root: jobs on the node's filesystem)
+            try:
+                item = by_inode.get(os.stat(proc / str(pid) / "root" / path.lstrip("/")).st_ino)
+            except OSError:
+                continue
+        if item is None or item.key in seen:
+            continue
+        seen.add(item.key)
+        try:
+            fd = os.open(proc / str(pid) / "map_files" / item.addresses, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(ELF_MAGIC), 0) == ELF_MAGIC:
+            opened.append((item, fd))
+        else:
+            os.close(fd)
+    return opened

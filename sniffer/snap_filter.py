@@ -1,76 +1,50 @@
-"""The in-kernel ZMTP cut (probes/zmtp_snap.c): compiled by clang, loaded through libbpf (root, in the probe
-helper), attached by the daemon to its own packet socket.
+"""The in-kernel ZMTP cut (probes/zmtp_snap.c): an object built once (sniffer/bpf_objects.py), loaded through
+libbpf with the run's choices set (root, in the root helper), attached by the daemon to its own packet socket.
 
-The probes go through bcc, which compiles at run time against kernel headers. The cut needs no kernel header
-(it reads packets only) but walks the ZMTP framing one frame per bpf_loop() step, and bcc cannot load a
-program that hands a callback to a helper: it loads each function's section alone, without the relocation
-of the callback's address. So the filter is plain BPF C for clang's BPF target, loaded by libbpf, which links
-callbacks; its -D flags stay run-time choices (the link header, --ports, the kept-bodies rule).
+It walks the ZMTP framing one frame per bpf_loop() step, a callback handed to a helper, which libbpf links; the
+run's choices (the link header, --ports) are read-only data set before the load, so the verifier knows them as
+constants, as it knew the -D flags the filter was once compiled with at every start.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
-import subprocess
-import sysconfig
 from collections.abc import Iterable
-from pathlib import Path
 
 from dlcsniff.sniffer import libbpf
 
-SNAP_SOURCE = Path(__file__).resolve().parent / "probes" / "zmtp_snap.c"
 SNAP_FUNCTION = "zmtp_snap"
 # snap_counts in probes/zmtp_snap.c, in order: what was cut, and how holes in flows were waited for
 SNAP_COUNTERS = ("cut_packets", "cut_bytes", "full_flows", "waits", "resumed")
-SNAP_STORE_CHUNKS = 4096          # 4 KiB chunks of bytes past holes, all flows together (16 MiB of kernel memory)
-SNAP_WAIT_LIMIT = 8 << 20         # bytes past one hole a flow may store while it waits
-CLANG = "clang"
-COMPILE_TIMEOUT_S = 120.0
 SO_ATTACH_BPF = 50
+_U32 = struct.Struct("<I")
 
 
 class SnapUnavailable(RuntimeError):
-    """The cut cannot run here (no clang, no libbpf, a compile or verifier failure): the reason."""
+    """The cut cannot run here (no object, no libbpf, a verifier refusal): the reason."""
 
 
-def snap_cflags(*, link_header_bytes: int, kept_first_frames: int, kept_body_max: int,
-                port_ranges: Iterable[tuple[int, int]] = ()) -> list[str]:
-    """Compiler flags for probes/zmtp_snap.c (its header comment lists them)."""
-    defines: dict[str, object] = {
-        "SNAP_LINK_HEADER_LEN": link_header_bytes, "SNAP_KEPT_FIRST_FRAMES": kept_first_frames,
-        "SNAP_KEPT_BODY_MAX": kept_body_max, "SNAP_STORE_CHUNKS": SNAP_STORE_CHUNKS, "SNAP_WAIT_LIMIT": SNAP_WAIT_LIMIT}
-    ranges = " || ".join(f"((port) >= {low} && (port) <= {high})" for low, high in port_ranges)
-    if ranges:
-        defines["SNAP_PORT_WANTED(port)"] = f"({ranges})"
-    return [f"-D{name}={value}" for name, value in sorted(defines.items())]
+def snap_settings(*, link_header_bytes: int, port_ranges: Iterable[tuple[int, int]] = ()) -> dict[str, bytes]:
+    """The filter's read-only data for a socket whose data starts `link_header_bytes` before the network header,
+    capturing only TCP on `port_ranges` when there are any (--ports): the header comment of probes/zmtp_snap.c."""
+    wanted = bytearray(65536 // 8)
+    ranges = list(port_ranges)
+    for low, high in ranges:
+        for port in range(low, high + 1):
+            wanted[port >> 3] |= 1 << (port & 7)
+    return {"snap_link_header_len": _U32.pack(link_header_bytes), "snap_ports_filtered": _U32.pack(bool(ranges)),
+            "snap_ports_wanted": bytes(wanted)}
 
 
-def compile_snap_filter(cflags: list[str], source: Path = SNAP_SOURCE) -> bytes:
-    """The BPF object file (ELF) clang makes of the filter with these flags."""
-    clang = shutil.which(CLANG)
-    if clang is None:
-        raise SnapUnavailable("clang is missing (install clang): it compiles the cut")
-    multiarch = sysconfig.get_config_var("MULTIARCH")       # where <asm/types.h> lives
-    includes = [f"-I/usr/include/{multiarch}"] if multiarch else []
-    argv = [clang, "-O2", "-g", "-target", "bpf", "-Wall", "-Werror", *includes, *cflags, "-c", str(source), "-o", "-"]
+def load_snap_filter(elf: bytes, settings: dict[str, bytes]) -> tuple[int, int]:
+    """Load the filter's object with these settings (root): its program and counters descriptors, the caller's to
+    close."""
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=COMPILE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SnapUnavailable(f"clang did not compile {source.name}: {exc}") from None
-    if done.returncode != 0 or not done.stdout:
-        raise SnapUnavailable(f"clang did not compile {source.name}: {done.stderr.decode(errors='replace').strip()}")
-    return done.stdout
-
-
-def load_snap_filter(elf: bytes) -> tuple[int, int]:
-    """Load the compiled filter (root): its program and counters descriptors, the caller's to close."""
-    try:
-        program, (counts,) = libbpf.load_object(elf, SNAP_FUNCTION, ["snap_counts"])
+        programs, maps = libbpf.load_object(elf, [SNAP_FUNCTION], ["snap_counts"], settings=settings)
     except libbpf.BpfError as exc:
         raise SnapUnavailable(f"the snap filter did not load: {exc}") from None
-    return program, counts
+    return programs[SNAP_FUNCTION], maps["snap_counts"]
 
 
 class SnapFilter:

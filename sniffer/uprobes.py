@@ -1,6 +1,7 @@
 """Uprobes on the libraries jobs load (libzmq, libnccl) and on the dynamic loader, attached by the daemon itself
-as BPF links of programs the probe helper loaded (sniffer/libbpf.py): no privilege is needed for that, so
-libraries a job loads long after the daemon gave up root are probed too.
+as BPF links of programs the root helper loaded (sniffer/libbpf.py): no privilege is needed for that, so
+libraries a job loads long after the daemon gave up root are probed too. A job's files are read and attached
+through descriptors the root helper opened (/proc/self/fd/N): the daemon needs no access to their directories.
 
 Which functions are probed, and when: the loader's hook always (a trap per change to a process's list of
 loaded objects, none on the data path: probes/libs.c); libnccl's API calls (one trap per call, entry only:
@@ -10,11 +11,13 @@ NCCL calls enqueue GPU work, thousands a second at most); libzmq's send and rece
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlcsniff.decoders.formats.probe_events import NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS
-from dlcsniff.sniffer import libbpf, procnet
+from dlcsniff.sniffer import libbpf
+from dlcsniff.sniffer.procnet import MappedFile
 from dlcsniff.sniffer.elf_symbols import LOADER_SYMBOLS, Symbol, elf_symbols, interpreter
 
 ZMQ_REQUIRED = ("zmq_msg_send", "zmq_msg_recv", "zmq_atomic_counter_new")   # the last: libzmq >= 4.2
@@ -85,71 +88,99 @@ class LibraryProbes:
     functions: tuple[str, ...]   # symbols probed
 
 
+def descriptor_path(fd: int) -> str:
+    """A path the kernel resolves to the file of our descriptor `fd`, whatever directories lie above it."""
+    return f"/proc/self/fd/{fd}"
+
+
+# (pid, paths it loaded or maps) -> each file it maps executable under one of them, and a descriptor of it (the
+# root helper's `open`)
+FileOpener = Callable[[int, list[str]], list[tuple[MappedFile, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What to attach to one library file: its kind, the functions probed, and (file offset, entry program,
+    return program) per function."""
+    library: str
+    functions: tuple[str, ...]
+    links: tuple[tuple[int, str, str | None], ...]
+
+
 class Uprobes:
     """The uprobes the daemon attached: links on the loader and on --lib files for every process, and per
     process on the libraries it loaded (only that process traps: the other nodes' processes sharing a
-    library file are not slowed)."""
+    library file are not slowed). A file's symbols are read once, and a descriptor of each libzmq/libnccl file
+    kept, whatever the number of processes that map it."""
 
     def __init__(self, programs: dict[str, int], zmq_events: str) -> None:
         self._programs = programs
         self._zmq_events = zmq_events
         self._links: dict[int, list[int]] = {}                 # pid (0: every process) -> link descriptors
-        self._probed: set[tuple[int, int, int]] = set()        # (device, inode, pid)
-        self._probeable: dict[tuple[int, int], bool] = {}      # (device, inode) -> exports what is probed
+        self._everywhere: set[tuple[int, int]] = set()         # (st_dev, st_ino) of files probed in every process
+        self._plans: dict[tuple[int, int], _Plan | None] = {}  # a mapping's (device, inode) -> what to attach there
+        self._kept: dict[tuple[int, int], int] = {}            # ... and a descriptor of the file, where there is
+        self._probed: set[tuple[tuple[int, int], int]] = set() # (a mapping's (device, inode), pid)
 
     def attach_loader(self, loader: Loader) -> None:
         self._link(0, loader.path, loader.debug_state.file_offset, LOADER_PROGRAM, returns=False)
 
-    def attach_library(self, path: str, pid: int = 0) -> LibraryProbes | None:
-        """Probe `path` (in process `pid`, 0: in every process) if it is libzmq or libnccl; raises
-        libbpf.BpfError when the kernel refuses a link."""
+    def _plan(self, path: str) -> _Plan | None:
         symbols = elf_symbols(path)
         found = classify_library(symbols, self._zmq_events)
         if found is None or not found[1]:
             return None
         library, probes = found
-        for symbol, (entry, exit_) in probes.items():
-            offset = symbols[symbol].file_offset
+        return _Plan(library, tuple(sorted(probes)),
+                     tuple((symbols[symbol].file_offset, entry, exit_) for symbol, (entry, exit_) in probes.items()))
+
+    def _attach(self, plan: _Plan, path: str, pid: int) -> None:
+        for offset, entry, exit_ in plan.links:
             self._link(pid, path, offset, entry, returns=False)
             if exit_ is not None:
                 self._link(pid, path, offset, exit_, returns=True)
-        return LibraryProbes(path, library, tuple(sorted(probes)))
 
-    def probe_loaded(self, pid: int, path: str) -> LibraryProbes | None:
-        """A library process `pid` loaded (its path as that process named it): probed once per file and
-        process, files that export nothing probed looked at once."""
-        if not path.startswith("/"):
-            return None                                        # relative to a cwd the daemon may not see
-        local = self._local_path(pid, path)
-        try:
-            status = os.stat(local)
-        except OSError:
-            return None                                        # gone, or not visible from here
-        file = (status.st_dev, status.st_ino)
-        if (*file, 0) in self._probed or (*file, pid) in self._probed or not self._probeable.get(file, True):
+    def attach_library(self, path: str) -> LibraryProbes | None:
+        """Probe `path` in every process if it is libzmq or libnccl; raises libbpf.BpfError when the kernel
+        refuses a link."""
+        plan = self._plan(path)
+        if plan is None:
             return None
-        attached = self.attach_library(local, pid)
-        self._probeable[file] = attached is not None
-        if attached is None:
-            return None
-        self._probed.add((*file, pid))
-        return LibraryProbes(path, attached.library, attached.functions)
-
-    def note_probed_everywhere(self, path: str) -> None:
+        self._attach(plan, path, 0)
         status = os.stat(path)
-        self._probed.add((status.st_dev, status.st_ino, 0))
+        self._everywhere.add((status.st_dev, status.st_ino))
+        return LibraryProbes(path, plan.library, plan.functions)
 
-    @staticmethod
-    def _local_path(pid: int, path: str) -> str:
-        """The path through the process's root when the daemon may look there (another mount namespace of
-        a process of its own user), else as named (the same filesystem: jobs on the host or in network
-        namespaces only)."""
-        seen = procnet.path_seen_by(pid, path)
+    def known(self, key: tuple[int, int]) -> bool:
+        """Whether the file of this mapping's (device, inode) was looked into already."""
+        return key in self._plans
+
+    def probe_files(self, pid: int, paths: list[str], open_files: FileOpener) -> list[LibraryProbes]:
+        """Probe, in process `pid`, the files it maps executable under these paths that are libzmq or libnccl (but
+        those probed in every process): each file read once, and probed once per process. Returns what was
+        attached, named by the paths the process maps."""
+        attached, opened = [], open_files(pid, paths)
         try:
-            os.stat(seen)
-        except OSError:
-            return path
-        return str(seen)
+            while opened:
+                mapped, fd = opened.pop(0)
+                if mapped.key not in self._plans:
+                    status = os.fstat(fd)
+                    everywhere = (status.st_dev, status.st_ino) in self._everywhere
+                    self._plans[mapped.key] = None if everywhere else self._plan(descriptor_path(fd))
+                    if self._plans[mapped.key] is not None:
+                        self._kept[mapped.key], fd = fd, None
+                if fd is not None:
+                    os.close(fd)
+                plan = self._plans[mapped.key]
+                if plan is None or (mapped.key, pid) in self._probed:
+                    continue
+                self._attach(plan, descriptor_path(self._kept[mapped.key]), pid)
+                self._probed.add((mapped.key, pid))
+                attached.append(LibraryProbes(mapped.path, plan.library, plan.functions))
+        finally:
+            for _, fd in opened:               # a link refused: the files not looked into yet
+                os.close(fd)
+        return attached
 
     def _link(self, pid: int, path: str, offset: int, program: str, *, returns: bool) -> None:
         fd = libbpf.attach_uprobes(self._programs[program], path, [offset], pid=pid, returns=returns)
@@ -161,11 +192,10 @@ class Uprobes:
         for pid in gone:
             for fd in self._links.pop(pid):
                 os.close(fd)
-        self._probed = {key for key in self._probed if key[2] not in gone}     # the pid may be reused
+        self._probed = {key for key in self._probed if key[1] not in gone}     # the pid may be reused
         return gone
 
     def close(self) -> None:
-        for fds in self._links.values():
-            for fd in fds:
-                os.close(fd)
-        self._links = {}
+        for fd in [fd for fds in self._links.values() for fd in fds] + list(self._kept.values()):
+            os.close(fd)
+        self._links, self._kept = {}, {}

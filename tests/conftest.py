@@ -52,7 +52,7 @@ def decoded_job(tmp_path_factory) -> Callable[[str], Path]:
 
     def decoded(name: str) -> Path:
         if name not in outputs:
-            out = tmp_path_factory.mktemp(f"decoded-{name}")
+            out = tmp_path_factory.mktemp(f"decoded-{name.replace('/', '-')}")
             decode_to_dir([PCAPS / name], out)
             outputs[name] = out
         return outputs[name]

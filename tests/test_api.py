@@ -135,4 +135,28 @@ def test_readme_example_runs_from_an_installed_wheel(tmp_path, decoded_job):
         rows = pq.read_metadata(decoded_job(name) / "messages.parquet").num_rows
         assert line.split()[1] == f"{rows:,}", line
     assert "sync, 2 workers" in lines["mxnet_sync"] and "async, 2 workers" in lines["mxnet_async"]
+    # mxnet_sync's largest tensor, dense0_weight (100,352 B), pushed and pulled by both workers each iteration
+    assert "largest tensor 0.40 MB an iteration" in lines["mxnet_sync"]
     assert "sync, 4 workers" in lines["mxnet_3s4w"] and "all_reduce ×10" in lines["gloo"]
+
+
+def test_bytes_per_tensor_per_iteration_in_one_groupby(decoded_job):
+    """messages_by_iteration: the job's messages once, with the worker iteration and tensor; held to what the
+    workload itself recorded (pcaps/mxnet_sync/worker*.json: its batches and each parameter's bytes): per
+    iteration and tensor, both workers' push-pull request and its response, each carrying the tensor and a
+    meta of a few dozen bytes. A collective job's messages have the same columns and dtypes, iteration null."""
+    job = dlcsniff.load(decoded_job("mxnet_sync"))
+    messages = job.messages_by_iteration()
+    record = json.loads((PCAPS / "mxnet_sync" / "worker0.json").read_text())
+    nbytes = {parameter["key"]: parameter["nbytes"] for parameter in record["parameters"]}
+    per = messages[messages["iteration"] >= 0].groupby(["iteration", "tensor_key"])["size_bytes"].sum()
+    assert sorted(per.index.get_level_values(0).unique()) == [batch["index"] for batch in record["batches"]]
+    workers = record["num_workers"]
+    for (iteration, key), size in per.items():
+        meta = size - 2 * workers * nbytes[key]
+        assert 0 < meta <= 2 * workers * 100, (iteration, key, size)
+    gloo = dlcsniff.load(decoded_job("gloo")).messages_by_iteration()
+    assert list(gloo.columns) == list(messages.columns)
+    assert {str(t) for t in gloo.dtypes} == {str(t) for t in messages.dtypes}
+    assert gloo["iteration"].isna().all() and set(gloo["protocol"]) == {"gloo"}
+    assert str(messages["iteration"].dtype) == "Int64" and messages["iteration"].isna().any()   # commands

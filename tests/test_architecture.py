@@ -1,13 +1,18 @@
-"""The house as ARCHITECTURE.md describes it, checked on the source: imports flow one way with no cycle, every
-protocol is one registered module offering the one API, files stay one idea (no file over 900 lines), and the
-three folders install under `dlcsniff` only."""
+"""The house as ARCHITECTURE.md describes it, checked on the source: the layer rules (imports one way, protocols
+independent but for the layers they stand on, no cycle) as import-linter contracts in pyproject.toml, every
+protocol one registered module offering the one API, files one idea (no file over 900 lines), and the three
+folders installed under `dlcsniff` only."""
 from __future__ import annotations
 
 import ast
 import importlib
 import inspect
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -19,12 +24,8 @@ from tests.conftest import REPO
 
 PACKAGES = {"decoders": "dlcsniff.decoders", "analysis": "dlcsniff.analysis", "sniffer": "dlcsniff.sniffer",
             "dlcsniff": "dlcsniff"}
-# Who may import whom: the capture side and the analysis side both stand on the decoders; the CLI on all.
-MAY_IMPORT = {"dlcsniff.decoders": {"dlcsniff.decoders"},
-              "dlcsniff.sniffer": {"dlcsniff.sniffer", "dlcsniff.decoders"},
-              "dlcsniff.analysis": {"dlcsniff.analysis", "dlcsniff.decoders"},
-              "dlcsniff": {"dlcsniff", "dlcsniff.decoders", "dlcsniff.analysis", "dlcsniff.sniffer"}}
 MAX_LINES = 900
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _modules() -> dict[str, Path]:
@@ -38,40 +39,70 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _layer(module: str) -> str:
-    return next(p for p in ("dlcsniff.decoders", "dlcsniff.analysis", "dlcsniff.sniffer", "dlcsniff")
-                if module == p or module.startswith(p + "."))
+def _installed_tree(root: Path) -> Path:
+    """The package's Python files laid out as installed (pyproject's package-dir: decoders/ as dlcsniff/decoders/):
+    import-linter reads a package from one folder, and the repository's editable install maps three into it."""
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in package_dirs.items():
+        nested = {name.split(".")[1] for name in package_dirs if name.startswith(package + ".")}
+        for path in (REPO / folder).rglob("*.py"):
+            relative = path.relative_to(REPO / folder)
+            if relative.parts[0] not in nested:
+                target = root.joinpath(*package.split("."), relative)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+    shutil.copyfile(REPO / "pyproject.toml", root / "pyproject.toml")     # the contracts
+    return root
 
 
-@pytest.fixture(scope="module")
-def graph() -> dict[str, set[str]]:
-    modules = _modules()
-    edges: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        deps = set()
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"import-linter is missing ({LINT_IMPORTS}): pip install -e '.[test]'")
+    # in the staged tree: lint-imports imports the package from its working directory
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "1000"})
+
+
+def _verdicts(report: str) -> dict[str, str]:
+    """lint-imports' summary lines: contract name -> KEPT or BROKEN."""
+    found = (re.match(r"(.+) (KEPT|BROKEN)\b", line) for line in report.split("Broken contracts")[0].splitlines())
+    return {match[1]: match[2] for match in found if match}
+
+
+def test_the_layer_contracts_hold(tmp_path):
+    result = _lint_imports(_installed_tree(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert _verdicts(result.stdout) == {contract["name"]: "KEPT" for contract in contracts}
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("decoders/sansio.py", "from dlcsniff.analysis import load", "Layers"),
+    ("sniffer/daemon.py", "import dlcsniff", "The package root"),
+    ("decoders/protocols/zmtp/decoder.py", "from dlcsniff.decoders.protocols.gloo import wire",
+     "Protocols stand on"),
+    ("decoders/packet.py", "from dlcsniff.decoders import tcp", "No import cycle"),
+])
+def test_the_contracts_catch_a_wrong_import(module, line, contract, tmp_path):
+    """Each contract breaks on one import against it, added to the staged copy (tcp.py stands on packet.py)."""
+    tree = _installed_tree(tmp_path)
+    path = tree / "dlcsniff" / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    result = _lint_imports(tree)
+    assert result.returncode == 1, result.stdout
+    assert [verdict for name, verdict in _verdicts(result.stdout).items() if name.startswith(contract)] == ["BROKEN"]
+
+
+def test_the_installed_package_knows_only_dlcsniff():
+    """No module imports the folders by their repository names (decoders.x, lab, tests): installed, only
+    dlcsniff.* exists (a rule on names import-linter's graph cannot see: it has no such package)."""
+    wrong = []
+    for path in _modules().values():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            for target in targets:
-                top = target.split(".")[0]
-                assert top not in ("decoders", "analysis", "sniffer", "lab", "tests"), \
-                    f"{path}: imports {target}: the installed package knows only dlcsniff.*"
-                if target in modules and target != name:
-                    deps.add(target)
-        edges[name] = deps
-    return edges
-
-
-def test_imports_flow_one_way(graph):
-    # the package root is the Python API's door (dlcsniff.decode, dlcsniff.load): it stands on every layer and
-    # no layer imports it
-    wrong = [(module, dep) for module, deps in graph.items() for dep in deps
-             if _layer(dep) not in MAY_IMPORT[_layer(module)]
-             or (dep == "dlcsniff" and not module.startswith("dlcsniff.cli"))]
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                     else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{path.relative_to(REPO)}: {name}" for name in names
+                      if name.split(".")[0] in ("decoders", "analysis", "sniffer", "lab", "tests")]
     assert wrong == []
 
 
@@ -83,23 +114,6 @@ def test_the_version_is_the_installed_one():
     assert dlcsniff.__version__ == version("dlcsniff") == dlcsniff_version()
 
 
-def test_no_import_cycle(graph):
-    state: dict[str, int] = {}
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        for dep in sorted(graph[module]):
-            if state.get(dep) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(dep):] + [dep]))
-            if dep not in state:
-                visit(dep, path + [dep])
-        state[module] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-
-
 def test_no_source_file_over_900_lines():
     long = {str(path.relative_to(REPO)): n for path in _modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
@@ -107,12 +121,14 @@ def test_no_source_file_over_900_lines():
 
 
 def test_every_protocol_is_one_registered_module_with_the_one_api():
-    protocol_modules = {p.stem for p in (REPO / "decoders" / "protocols").glob("*.py")} - {"__init__", "base"}
-    registered = {entry.module for entry in REGISTRY}
-    # the other modules of the folder are layers a registered protocol decodes on (ZMTP under ps-lite, its
-    # meta's descriptor, the TCPStore rendezvous Gloo ranks come from, Gloo's transport under its capture decoder)
-    helpers = protocol_modules - registered
-    assert helpers <= {"zmtp", "pslite_meta", "tcpstore", "gloo_wire"}, helpers
+    protocol_packages = {p.parent.name for p in (REPO / "decoders" / "protocols").glob("*/__init__.py")}
+    # the folder's own modules are the registry and the two APIs (a capture's decoder, a job step)
+    assert {p.stem for p in (REPO / "decoders" / "protocols").glob("*.py")} == {"__init__", "base", "job_step"}
+    registered = {entry.module.split(".")[0] for entry in REGISTRY}
+    # the other packages of the folder are layers a registered protocol stands on (ZMTP under ps-lite, the
+    # TCPStore rendezvous Gloo and NCCL read their ranks from, NCCL's job-wide collectives over its transports)
+    helpers = protocol_packages - registered
+    assert helpers <= {"zmtp", "tcpstore", "nccl"}, helpers
     api = [name for name, member in inspect.getmembers(ProtocolDecoder) if not name.startswith("_")
            and callable(member)]
     for entry in REGISTRY:

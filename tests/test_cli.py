@@ -46,6 +46,19 @@ def test_decode_writes_the_contract_tables_and_a_summary(tmp_path):
     assert (messages["protocol"] == "pslite").all()
 
 
+def test_decode_of_one_capture_says_its_clock_is_its_own(tmp_path):
+    """One node's capture has no other clock to align with: the job view says so (it said "clocks aligned to
+    worker0: " and nothing after), and the clocks of a job of several captures are still listed."""
+    alone = _invoke("decode", PCAPS / "mxnet_sync" / "worker0.pcap.gz", "--out", tmp_path / "alone")
+    assert alone.exit_code == 0, alone.output
+    [line] = [line for line in alone.output.splitlines() if line.startswith("job view:")]
+    assert line.endswith("; worker0 on its own clock (no other capture to align with it)"), line
+    assert "clocks aligned" not in alone.output
+    job = _invoke("decode", PCAPS / "mxnet_sync", "--out", tmp_path / "job")
+    [line] = [line for line in job.output.splitlines() if line.startswith("job view:")]
+    assert "; clocks aligned to scheduler: server0 " in line and "own clock" not in line, line
+
+
 def test_decode_json_summary(tmp_path):
     result = _invoke("decode", PCAPS / "zmq" / "client.pcap.gz", "--out", tmp_path / "out", "--json")
     assert result.exit_code == 0

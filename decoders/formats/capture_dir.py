@@ -38,6 +38,13 @@ def read_capture_json(path: Path) -> dict:
         raise CaptureError(f"{Path(path) / CAPTURE_JSON}: unreadable ({exc})") from None
 
 
+def recorded_drops(path: Path) -> dict[str, int]:
+    """Packets the kernel dropped while each packet file of the directory was written, as capture.json records
+    them (file name -> dropped)."""
+    return {entry["name"]: int(entry.get("dropped") or 0) for entry in read_capture_json(path).get("files", [])
+            if entry.get("kind", "packets") == "packets" and "name" in entry}
+
+
 def set_files(path: Path) -> tuple[dict[int, list[Path]], dict[int, Path]]:
     """(packet files of each set in rotation order, probe file of each set) found in the directory."""
     sets: dict[int, list[tuple[int, Path]]] = defaultdict(list)

@@ -74,6 +74,7 @@ NCCL_REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
 TCP_ESTABLISHED, TCP_SYN_SENT, TCP_SYN_RECV, TCP_CLOSE, TCP_LISTEN = 1, 2, 3, 7, 10
+TCP_FIN_WAIT1, TCP_CLOSE_WAIT, TCP_LAST_ACK = 4, 8, 9
 
 # struct event_head: kind, reserved, tgid, tid, netns, ts_ns, cgroup_id, comm[16]
 HEAD = struct.Struct("<HHIIIQQ16s")
@@ -217,7 +218,7 @@ class LibraryAttached:
 
 @dataclass(frozen=True, slots=True)
 class SocketSnapshot:
-    """A TCP socket already open when the daemon started (from /proc)."""
+    """A TCP socket already open when the probes attached (from /proc)."""
     mono_ns: int
     family: int
     local_ip: str

@@ -17,6 +17,7 @@ it keeps.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import lzma
 import os
@@ -61,15 +62,20 @@ _SHB = 0x0A0D0D0A        # section header: palindromic, so it reads the same in 
 _IDB = 0x00000001        # interface description
 _PB = 0x00000002         # obsolete packet block
 _SPB = 0x00000003        # simple packet block
+_ISB = 0x00000005        # interface statistics
 _EPB = 0x00000006        # enhanced packet block
 _SHB_BYTES = b"\x0a\x0d\x0d\x0a"
 # Shortest well-formed block of each type: header, fixed fields, trailing length.
-_MIN_BLOCK_BYTES = {_SHB: 28, _IDB: 20, _PB: 32, _SPB: 16, _EPB: 32}
+_MIN_BLOCK_BYTES = {_SHB: 28, _IDB: 20, _PB: 32, _SPB: 16, _ISB: 24, _EPB: 32}
 _BYTE_ORDER_MAGIC = {b"\x4d\x3c\x2b\x1a": "<", b"\x1a\x2b\x3c\x4d": ">"}
 _OPT_END = 0
 _OPT_IF_NAME = 2
 _OPT_IF_TSRESOL = 9
 _OPT_IF_TSOFFSET = 14
+# ISB counters since the capture started: dropped by the interface for lack of resources (dumpcap: libpcap's
+# ps_drop, the kernel buffer's) and by the operating system
+_OPT_ISB_IFDROP = 5
+_OPT_ISB_OSDROP = 7
 _DEFAULT_TSRESOL = 6     # microseconds, when an interface has no if_tsresol option
 
 _SPARE_BUFFERS = 4        # read buffers kept for reuse
@@ -258,14 +264,16 @@ def is_stream(path: str | os.PathLike) -> bool:
 
 
 class _Input(io.RawIOBase):
-    """The raw input, read front to back only: it counts the bytes taken from it (progress) and can look at
-    its first bytes (the magic) without a seek, so pipes read like files."""
+    """The raw input, read front to back only: it counts the bytes taken from it (progress), hashes them (the
+    manifest's sha256 of the input, from the bytes read for decoding: one pass over the file) and can look at its
+    first bytes (the magic) without a seek, so pipes read like files."""
 
     def __init__(self, source: BinaryIO, close_source: bool):
         self._source = source
         self._close_source = close_source
         self._head = b""
         self.consumed = 0
+        self.digest = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -277,6 +285,7 @@ class _Input(io.RawIOBase):
             if not more:
                 break
             self.consumed += len(more)
+            self.digest.update(more)
             self._head += more
         return self._head
 
@@ -288,7 +297,16 @@ class _Input(io.RawIOBase):
             return n
         n = self._source.readinto(buf) or 0
         self.consumed += n
+        with memoryview(buf) as view:
+            self.digest.update(view[:n])
         return n
+
+    def sha256(self) -> str:
+        """The digest of the whole input: what decoding left unread (after a corrupt record, past the end of
+        compressed data) is read into it first."""
+        while more := self._source.read(1 << 20):
+            self.digest.update(more)            # not counted in `consumed`: decoding did not take them
+        return self.digest.hexdigest()
 
     def close(self) -> None:
         if self._close_source and not self._source.closed:
@@ -316,7 +334,8 @@ class CaptureReader:
     "zstd"; `compressed` says whether there is one), `interfaces`, `packets` (records read so far),
     `bytes_read` / `total_bytes` (input bytes read so far / the file's size on disk, None for a stream; for
     progress bars), `warnings`, `truncated_bytes` (bytes of an incomplete last record), `skipped_records`
-    (malformed packet records passed over).
+    (malformed packet records passed over), `dropped_packets` (what the capture tool recorded as dropped
+    before it got the packets: pcapng interface statistics; None when the file records none).
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -326,6 +345,7 @@ class CaptureReader:
         self.truncated_bytes = 0
         self.skipped_records = 0
         self.interfaces: list[CaptureInterface] = []
+        self._interface_drops: dict[int, int] = {}     # file-wide interface number -> its last ISB's drops
         if str(path) == STDIN:
             self._raw = _Input(sys.stdin.buffer, close_source=False)
             self.total_bytes = None
@@ -584,6 +604,8 @@ class CaptureReader:
             elif block_type == _IDB:
                 section.append(self._interface(buf, pos, block_len, endian))
                 layout = EnhancedPacketBlocks(endian, tuple(section))
+            elif block_type == _ISB:
+                self._statistics(buf, pos, block_len, endian, section)
             elif block_type == _SHB:
                 major, minor = struct.unpack_from(endian + "HH", buf, pos + 12)
                 if major != 1:
@@ -595,24 +617,36 @@ class CaptureReader:
         linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, pos + 8)
         name = None
         tsresol, tsoffset_s = _DEFAULT_TSRESOL, 0
-        option_header = struct.Struct(endian + "HH")
-        opt = pos + 16
-        options_end = pos + block_len - 4
-        while opt + 4 <= options_end:
-            code, length = option_header.unpack_from(buf, opt)
-            value = opt + 4
-            if code == _OPT_END or value + length > options_end:
-                break
+        for code, value, length in _options(buf, pos + 16, pos + block_len - 4, endian):
             if code == _OPT_IF_TSRESOL and length >= 1:
                 tsresol = buf[value]
             elif code == _OPT_IF_TSOFFSET and length >= 8:
                 tsoffset_s = struct.unpack_from(endian + "q", buf, value)[0]
             elif code == _OPT_IF_NAME:
                 name = bytes(buf[value:value + length]).decode("utf-8", "replace")
-            opt = value + ((length + 3) & ~3)
         number = len(self.interfaces)
         self.interfaces.append(CaptureInterface(linktype, snaplen, name))
         return SectionInterface(linktype, number, _timebase(tsresol, tsoffset_s), snaplen)
+
+    def _statistics(self, buf: memoryview, pos: int, block_len: int, endian: str,
+                    section: list[SectionInterface]) -> None:
+        """An interface statistics block: its drop counters (cumulative: a later block replaces an earlier)."""
+        if_id = struct.unpack_from(endian + "I", buf, pos + 8)[0]
+        if if_id >= len(section):         # of no interface: its counts belong to nothing read
+            return
+        drops = None
+        for code, value, length in _options(buf, pos + 20, pos + block_len - 4, endian):
+            if code in (_OPT_ISB_IFDROP, _OPT_ISB_OSDROP) and length == 8:
+                drops = (drops or 0) + struct.unpack_from(endian + "Q", buf, value)[0]
+        if drops is not None:
+            self._interface_drops[section[if_id].number] = drops
+
+    @property
+    def dropped_packets(self) -> int | None:
+        """Packets the capture tool recorded as dropped before it got them, over every interface (pcapng
+        interface statistics: isb_ifdrop + isb_osdrop of each interface's last statistics block); None when the
+        file records no such counter (pcap files never do)."""
+        return sum(self._interface_drops.values()) if self._interface_drops else None
 
     # -- iteration and lifetime ----------------------------------------------------------------
     def batches(self) -> Iterator[RecordBatch | Packet]:
@@ -630,6 +664,11 @@ class CaptureReader:
     @property
     def bytes_read(self) -> int:
         return self._raw.consumed
+
+    def sha256(self) -> str | None:
+        """sha256 of the file's bytes (as stored: compressed, if it is), once it has been read for decoding; None
+        for a stream or a fifo (nothing to read twice, nor a file to name)."""
+        return None if self.total_bytes is None else self._raw.sha256()
 
     def _decompression_errors(self) -> tuple[type[BaseException], ...]:
         if self.compression == "zstd":
@@ -649,6 +688,19 @@ class CaptureReader:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _options(buf: memoryview, opt: int, options_end: int, endian: str) -> Iterator[tuple[int, int, int]]:
+    """(code, offset of the value, length) of each option of a pcapng block, from `opt` up to its end of
+    options (or the first that does not fit)."""
+    option_header = struct.Struct(endian + "HH")
+    while opt + 4 <= options_end:
+        code, length = option_header.unpack_from(buf, opt)
+        value = opt + 4
+        if code == _OPT_END or value + length > options_end:
+            return
+        yield code, value, length
+        opt = value + ((length + 3) & ~3)
 
 
 def first_last_ts_ns(item: RecordBatch | Packet) -> tuple[int, int]:

@@ -6,7 +6,11 @@ capture daemon's rotated files (`capture-SSSS-FFFFF.pcap`). Pieces are recognise
 files whose names follow one pattern are one capture when they have the same interfaces (link types) and their
 packets follow each other in time (each piece starts where the one before ended, give or take a little
 reordering); they are read in order of their first packet, as one continuous capture. Named alike but
-overlapping in time (worker0.pcap and worker1.pcap: two nodes) they stay separate captures.
+overlapping in time (worker0.pcap and worker1.pcap: two nodes) they stay separate captures. Where no tool's
+naming says they are pieces (names alike but for digits, such as tcpdump -G's), time is not enough (two nodes'
+clocks may be seconds apart): the TCP traffic must go on from one file into the next
+(decoders.inputs.continuation). Files of one name in different directories are one capture on the same
+evidence, and refused otherwise (they would share a capture name).
 
 A capture daemon's directory (capture.json) stands for its captures, one per daemon run, named after the
 directory; any other directory for the capture files directly inside it. `-` is standard input, and a fifo is
@@ -24,7 +28,9 @@ from typing import Callable, Iterable
 
 from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.formats.capture_dir import PCAP_RE, is_capture_dir, read_capture_json, set_files
-from dlcsniff.decoders.inputs.capture_file import STDIN, first_last_ts_ns, is_stream, open_capture
+from dlcsniff.decoders.inputs.capture_file import (STDIN, Packet, RecordBatch, first_last_ts_ns, is_stream,
+                                                   open_capture)
+from dlcsniff.decoders.inputs.continuation import EDGE_PACKETS, continues, tcp_head, tcp_tail
 
 CAPTURE_EXTENSIONS = ("pcap", "pcapng", "cap", "dmp")
 COMPRESSION_EXTENSIONS = ("gz", "xz", "zst", "zstd")
@@ -123,10 +129,38 @@ def expand_inputs(inputs: Iterable[Path]) -> list[CaptureInput]:
     captures = [capture for _, capture in sorted(placed, key=lambda entry: entry[0])]
     if sum(str(c.path) == STDIN for c in captures) > 1:
         raise CaptureError("standard input (-) named twice")
-    dupes = [n for n, c in collections.Counter(c.name for c in captures).items() if c > 1]
-    if dupes:
-        raise CaptureError(f"two inputs share the capture name {dupes[0]!r}; rename one of them")
-    return captures
+    return _one_capture_per_name(captures)
+
+
+def _one_capture_per_name(captures: list[CaptureInput]) -> list[CaptureInput]:
+    """Captures that came out with one name (files of one name in different directories: a/node0.pcap and
+    b/node0.pcap) are one capture when their packets are its pieces (see _chains: one follows the other in
+    time and carries its TCP traffic on); otherwise they are refused, with how to name them apart."""
+    by_name: dict[str, list[CaptureInput]] = collections.defaultdict(list)
+    for capture in captures:
+        by_name[capture.name].append(capture)
+    kept = []
+    for capture in captures:
+        alike = by_name[capture.name]
+        if len(alike) == 1:
+            kept.append(capture)
+            continue
+        if capture is not alike[0]:
+            continue
+        paths = [c.path for c in alike]
+        chains, reasons = ([], ["a stream or a daemon's directory is never a piece"]) if any(
+            c.stream or c.directory is not None for c in alike) else _chains(
+            [_Piece(p, str(p)) for c in alike for p in c.files], named_by_tool=False)
+        reasons = reasons or ["a file without packets is no piece of another"]
+        if len(chains) == 1:
+            kept.append(CaptureInput(capture.name, tuple(piece.path for piece in chains[0]),
+                                     notes=tuple(n for c in alike for n in c.notes)))
+            continue
+        renamed = ", ".join(f"{p.resolve().parent.name}-{p.name}" for p in paths)
+        raise CaptureError(f"{' and '.join(map(str, paths))} share the capture name {capture.name!r} (a capture is "
+                           f"named after its file) and are not pieces of one capture ({reasons[0]}): give each "
+                           f"node's capture a name of its own, e.g. {renamed}")
+    return kept
 
 
 # -- pieces of one capture -----------------------------------------------------------------------------------
@@ -158,17 +192,22 @@ def _name_pattern(path: Path, tcpdump_bases: set[tuple[Path, str]]) -> _Pattern 
 
 
 class _Piece:
-    """What putting pieces together needs of a file: its interfaces and first packet, and whether its
-    packets go on past a given time (read only as far as that takes; what was read is remembered)."""
+    """What putting pieces together needs of a file: its interfaces, first packet and the TCP traffic its first
+    packets show (decoders.inputs.continuation), and whether its packets go on past a given time (read only as
+    far as that takes; what was read is remembered, with the TCP traffic of its last packets once read to the
+    end)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, label: str | None = None):
         self.path = path
+        self.label = label or path.name     # what reasons call it
         with open_capture(path) as reader:
             first = next(iter(reader.batches()), None)
             self.interfaces = tuple((i.linktype, i.name) for i in reader.interfaces)
+            self.head = tcp_head(itertools.islice(_packets([first] if first else []), EDGE_PACKETS))
         self.first_ts_ns = None if first is None else first_last_ts_ns(first)[0]
         self.seen_until_ns = None if first is None else first_last_ts_ns(first)[1]
         self.last_ts_ns: int | None = None      # known once the whole file was read
+        self.tail: dict = {}                    # tcp_tail of its last packets, once the whole file was read
 
     def ends_by(self, limit_ns: int) -> bool:
         """Whether no packet of the file is later than limit_ns."""
@@ -176,17 +215,28 @@ class _Piece:
             return self.last_ts_ns <= limit_ns
         if self.seen_until_ns > limit_ns:
             return False
+        last_items: collections.deque = collections.deque(maxlen=2)
         with open_capture(self.path) as reader:
             for item in reader.batches():
                 self.seen_until_ns = max(self.seen_until_ns, first_last_ts_ns(item)[1])
                 if self.seen_until_ns > limit_ns:
                     return False
+                last_items.append(item)
+            self.tail = tcp_tail(list(_packets(last_items))[-EDGE_PACKETS:])
         self.last_ts_ns = self.seen_until_ns
         return True
 
     def describe(self) -> str:
         return ", ".join(f"link type {linktype}" + (f" ({name})" if name else "") for linktype, name in
                          self.interfaces) or "no interfaces"
+
+
+def _packets(items: Iterable[RecordBatch | Packet]) -> Iterable[Packet]:
+    for item in items:
+        if item.__class__ is Packet:
+            yield item
+        else:
+            yield from item.packets()
 
 
 def _follows(before: _Piece, after: _Piece) -> bool:
@@ -209,14 +259,20 @@ def _chains(pieces: list[_Piece], named_by_tool: bool) -> tuple[list[list[_Piece
     for piece in sorted((p for p in pieces if p.first_ts_ns is not None), key=lambda p: p.first_ts_ns):
         alike = [chain for chain in chains if chain[-1].interfaces == piece.interfaces]
         fits = [chain for chain in alike if _follows(chain[-1], piece)]
-        if fits:        # more than one (two captures rotated at the same moment): the one ending last before it
-            max(fits, key=lambda chain: chain[-1].last_ts_ns).append(piece)
+        # names no tool gave are weak evidence: the TCP traffic must go on from one file into the next
+        traffic = [] if named_by_tool else [continues(chain[-1].tail, piece.head, chain[-1].label)
+                                            for chain in fits]
+        carried_on = [chain for chain, (verdict, _) in zip(fits, traffic or [(True, "")] * len(fits))
+                      if verdict is not False]
+        if carried_on:  # more than one (two captures rotated at the same moment): the one ending last before it
+            max(carried_on, key=lambda chain: chain[-1].last_ts_ns).append(piece)
             continue
         if chains:
-            why = (f"its packets start while those of {alike[-1][-1].path.name} go on" if alike else
-                   f"its interfaces ({piece.describe()}) are not those of {chains[-1][-1].path.name} "
+            why = (traffic[0][1] if fits else
+                   f"its packets start while those of {alike[-1][-1].label} go on" if alike else
+                   f"its interfaces ({piece.describe()}) are not those of {chains[-1][-1].label} "
                    f"({chains[-1][-1].describe()})")
-            reasons.append(f"{piece.path.name}: {why}")
+            reasons.append(f"{piece.label}: {why}")
         chains.append([piece])
     attach_empty = named_by_tool or len(chains) == 1 and len(chains[0]) > 1
     for piece in (p for p in pieces if p.first_ts_ns is None):      # no packets: nothing to order it by

@@ -130,23 +130,47 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
             "active": flow.active, "state": ev.TCP_STATES.get(flow.state), "first_ts_ns": epoch(flow.first_mono_ns),
             "established_ts_ns": None if flow.established_mono_ns is None else epoch(flow.established_mono_ns),
             "closed_ts_ns": None if flow.closed_mono_ns is None else epoch(flow.closed_mono_ns)})
-    # Connections already open at start: the /proc row, completed by what the probes saw of their end
-    # (a probe row that never saw the connection established is the same connection, not another one).
-    seen_later = {(row["local_ip"], row["local_port"], row["remote_ip"], row["remote_port"]): row
-                  for row in rows["flows"] if row["set"] == run and row["established_ts_ns"] is None}
+    # Connections already open at start: the /proc row. /proc is listed just after the tracepoint attached, so a
+    # connection the probes saw alive then, or made since, is in both: one connection, one row. Made after the
+    # attach (the probes saw it established), the probes' row holds it all; made before, the /proc row, completed
+    # by what the probes saw of its end (its state, its close). A read of /proc/net/tcp is not atomic: a
+    # connection that changed state meanwhile (into TIME_WAIT) may be listed twice, and is still one.
+    def address(row: dict) -> tuple:
+        return row["local_ip"], row["local_port"], row["remote_ip"], row["remote_port"]
+
+    def take_owner(row: dict, other: dict) -> None:
+        if row["pid"] is None and other["pid"] is not None:
+            row.update({key: other[key] for key in ("pid", "tid", "comm", "cgroup_id", "cgroup", "source")})
+
+    seen_by_probes = defaultdict(list)
+    for row in rows["flows"]:
+        if row["set"] == run:
+            seen_by_probes[address(row)].append(row)
+    listed: dict[tuple, dict] = {}          # connection (listeners may share an address) -> its row
     for item in snapshot:
         row = {"set": run, "family": item.family, "local_ip": item.local_ip, "local_port": item.local_port,
                "remote_ip": item.remote_ip, "remote_port": item.remote_port, "pid": item.tgid, "tid": None,
                "comm": item.comm, "cgroup_id": None, "cgroup": cgroup(item.tgid), "source": "proc",
                "active": None, "state": ev.TCP_STATES.get(item.state), "first_ts_ns": epoch(item.mono_ns),
                "established_ts_ns": None, "closed_ts_ns": None}
-        later = seen_later.pop((item.local_ip, item.local_port, item.remote_ip, item.remote_port), None)
-        if later is not None:
-            rows["flows"].remove(later)
-            row.update(state=later["state"], closed_ts_ns=later["closed_ts_ns"])
-            if row["pid"] is None:
-                row.update({key: later[key] for key in ("pid", "tid", "comm", "cgroup_id", "cgroup", "source")})
-        rows["flows"].append(row)
+        if row["remote_port"] and address(row) in listed:
+            take_owner(listed[address(row)], row)
+            continue
+        candidates = seen_by_probes[address(row)]
+        same = next((later for later in candidates
+                     if later["closed_ts_ns"] is None or later["closed_ts_ns"] >= row["first_ts_ns"]), None)
+        if same is not None:
+            candidates.remove(same)
+        if same is not None and same["established_ts_ns"] is not None:
+            take_owner(same, row)
+            row = same
+        else:
+            if same is not None:
+                rows["flows"].remove(same)
+                row.update(state=same["state"], closed_ts_ns=same["closed_ts_ns"])
+                take_owner(row, same)
+            rows["flows"].append(row)
+        listed[address(row)] = row
 
 
 def load_capture_dir(path: Path) -> CaptureDir:

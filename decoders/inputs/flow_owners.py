@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dlcsniff.decoders.formats.probe_events import (Kind, SockEvent, SocketSnapshot, TCP_CLOSE, TCP_ESTABLISHED,
-                                                    TCP_LISTEN, TCP_SYN_RECV, TCP_SYN_SENT)
+from dlcsniff.decoders.formats.probe_events import (Kind, SockEvent, SocketSnapshot, TCP_CLOSE, TCP_CLOSE_WAIT,
+                                                    TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_LAST_ACK, TCP_LISTEN,
+                                                    TCP_SYN_RECV, TCP_SYN_SENT)
+
+# the state changes close() and shutdown() make inside the calling task
+_CLOSED_BY_THE_OWNER = {(TCP_ESTABLISHED, TCP_FIN_WAIT1), (TCP_CLOSE_WAIT, TCP_LAST_ACK)}
 
 
 @dataclass(slots=True)
@@ -15,7 +19,8 @@ class Flow:
 
     `source` says how the owner is known: "connect" (the task that called connect()), "accept" (the
     process whose accept() returned this peer), "listen" (the owner of the listening socket on the local
-    port: accept() was not seen), or None."""
+    port: accept() was not seen), "close" (the task that closed a connection made before the probes attached),
+    or None."""
     skaddr: int
     family: int
     local_ip: str | None = None
@@ -44,7 +49,8 @@ def attribute_flows(events: Iterable[SockEvent], open_at_start: Iterable[SocketS
     State changes delimit a connection on one socket address (addresses are reused after close);
     ownership comes from connect() for connections made here, from accept() (by peer address) for
     connections accepted here, and failing that from the listener on the same local port, seen by the
-    probes or already open at start (an accept() that was waiting when the probes started is not seen)."""
+    probes or already open at start (an accept() that was waiting when the probes started is not seen); for a
+    connection made before the probes, from the close() that ended it."""
     flows: list[Flow] = []
     open_flows: dict[int, Flow] = {}
     accepts: list[SockEvent] = []
@@ -65,6 +71,8 @@ def attribute_flows(events: Iterable[SockEvent], open_at_start: Iterable[SocketS
         if event.oldstate == TCP_CLOSE and event.newstate in (TCP_SYN_SENT, TCP_LISTEN):
             # connect() and listen() change the state inside the calling task
             flow.take_owner(event, "connect" if event.newstate == TCP_SYN_SENT else "listen")
+        if flow.active is None and flow.tgid is None and (event.oldstate, event.newstate) in _CLOSED_BY_THE_OWNER:
+            flow.take_owner(event, "close")
         if event.newstate == TCP_ESTABLISHED and flow.established_mono_ns is None:
             flow.established_mono_ns = event.mono_ns
         if event.newstate == TCP_CLOSE:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from dlcsniff.decoders.tcp import StreamKey
 
 
+UNLIMITED_SKIP_BYTES = 1 << 62          # skippable_bytes of a direction no decoder reads (any more)
+
+
 @dataclass(frozen=True, slots=True)
 class TcpDirection:
     """One direction of a TCP connection as the capture decoder offers it."""
@@ -80,6 +83,17 @@ class Count:
 ProtocolEvent = Union[Row, StreamColumns, ExtraStream, Count]
 
 
+@dataclass(frozen=True, slots=True)
+class LossCounter:
+    """Something a protocol lost that it counts per stream, in a streams.parquet column: the decode summary
+    reports it under the protocol's name ("{n:,} {says}") and says it in the warnings about capture limits.
+    Counts of messages (`messages`) count a connection once, as the capture that lost most of it; bytes and
+    packets are the captures' own, summed over them."""
+    column: str
+    says: str
+    messages: bool = False
+
+
 @runtime_checkable
 class ProtocolDecoder(Protocol):
     """What a protocol decoder offers the capture decoder (see the module doc)."""
@@ -101,9 +115,11 @@ class ProtocolDecoder(Protocol):
 
 class ProtocolDecoderBase:
     """Defaults of the API for decoders that need them: no fallback claims, no packets, no use for the capturing
-    host, no skipping, and an event queue (`_emit`)."""
+    host, no skipping, and an event queue (`_emit`). `losses`: the LossCounters of the streams it claims, by
+    their streams.protocol (besides its incomplete messages, which the summary counts for every protocol)."""
 
     name: ClassVar[str] = ""
+    losses: ClassVar[dict[str, tuple[LossCounter, ...]]] = {}
 
     def __init__(self) -> None:
         self._events: deque[ProtocolEvent] = deque()

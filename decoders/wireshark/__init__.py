@@ -12,6 +12,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from dlcsniff.decoders.output_dir import claim_output_file
+
 SCRIPT_NAME = "dlcsniff.lua"
 
 
@@ -32,15 +34,15 @@ def personal_plugin_dir(home: Path | None = None) -> Path:
     return (home if home is not None else Path.home()) / ".local" / "lib" / "wireshark" / "plugins"
 
 
-def write_dissector(out_dir: Path) -> Path:
-    """Write the script to out_dir/dlcsniff.lua (creating out_dir) and return its path. Raises OSError."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / SCRIPT_NAME
+# the script's first bytes (parts/00_header.lua): what tells a dlcsniff.lua this command wrote
+SCRIPT_MARKER = b"-- dlcsniff.lua: "
+
+
+def write_dissector(out_dir: Path, *, force: bool = False, option: str = "--out") -> Path:
+    """Write the script to out_dir/dlcsniff.lua (creating out_dir) and return its path: an existing
+    dlcsniff.lua only with `force`, and only one this command wrote (decoders.output_dir.claim_output_file:
+    OutputError otherwise). Raises OSError when it cannot be written."""
+    path = claim_output_file(Path(out_dir) / SCRIPT_NAME, marker=SCRIPT_MARKER, command="dlcsniff wireshark",
+                             force=force, option=option)
     path.write_text(dissector_source(), encoding="utf-8")
     return path
-
-
-def install_dissector(plugin_dir: Path | None = None) -> Path:
-    """Write the script into the personal Lua plugin folder (or plugin_dir) and return its path. Raises OSError."""
-    return write_dissector(plugin_dir if plugin_dir is not None else personal_plugin_dir())

@@ -2,6 +2,7 @@
 register their commands when imported, in the order `--help` lists them: the data path first."""
 from dlcsniff.cli import decode  # noqa: F401, I001
 from dlcsniff.cli import analyse  # noqa: F401
+from dlcsniff.cli import diagnose  # noqa: F401
 from dlcsniff.cli import export  # noqa: F401
 from dlcsniff.cli import simulate  # noqa: F401
 from dlcsniff.cli import wireshark  # noqa: F401
@@ -12,14 +13,24 @@ from dlcsniff.cli.app import app
 __all__ = ["app", "main"]
 
 VERBOSITY_FLAGS = frozenset({"-q", "--quiet", "-v", "--verbose"})
+# The cyclic garbage collector's thresholds for a run (gc.set_threshold): a young collection every 100,000
+# allocations, not 700. Nearly all a run allocates lives to its end (modules, the tables), so the default made the
+# collector walk those objects hundreds of times over, for no garbage. The decoders' reference cycles go after each
+# capture (decoders.job collects them; a forked worker exits), so peak memory stays as it was (README, "Decode
+# speed", has the figures).
+GC_THRESHOLDS = (100_000, 50, 100)
 
 
 def main(argv: list[str] | None = None) -> None:
     """The `dlcsniff` program: `app`, with -q / -v accepted after the command name too (`dlcsniff decode ...
-    -q`), where users put them, as well as before it, where they belong to the whole program. Run as the
-    program (no `argv`), it leaves without the interpreter's teardown (`_leave`)."""
+    -q`), where users put them, as well as before it, where they belong to the whole program. Run as the program
+    (no `argv`), it collects garbage by GC_THRESHOLDS and leaves without the interpreter's teardown (`_leave`);
+    called with `argv` (tests, other programs), it changes neither."""
+    import gc
     import sys
 
+    if argv is None:
+        gc.set_threshold(*GC_THRESHOLDS)
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     moved = [arg for arg in args[:end] if arg in VERBOSITY_FLAGS]
@@ -36,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _leave(code) -> None:
     """Exit with `code` once the exit handlers have run and the output is flushed, without freeing every object
-    and module first: with pandas and pyarrow loaded that teardown took 0.1 s, a fifth of a small decode. Only
-    when nothing else runs (no other thread) and the code is a number; otherwise it returns (a normal exit)."""
+    and module first: with pandas and pyarrow loaded that teardown is a good part of a small decode (README:
+    decode speed). Only when nothing else runs (no other thread) and the code is a number; otherwise it
+    returns (a normal exit)."""
     import atexit
     import os
     import sys

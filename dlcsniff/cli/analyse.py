@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import (DecodeDir, Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err,
-                              fail, out)
+from dlcsniff.cli.app import (DecodeDir, Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, fail,
+                              out, print_losses, step)
 
 
 @command()
@@ -23,11 +23,15 @@ def dlc(
 
     Example: dlcsniff dlc out/mxnet_sync --out out/mxnet_sync/dlc
     """
-    from dlcsniff.analysis import AnalysisError, write_dlc_traces
+    with step("loaded the analysis"):
+        from dlcsniff.analysis import AnalysisError, load_job_model, write_dlc_traces
+        from dlcsniff.analysis.names import capture_label
 
     try:
-        with err.status("building the DLC traces"):
-            trace, files = write_dlc_traces(decode_dir, out_dir, force=force)
+        with step("built and wrote the DLC traces", "building the DLC traces"):
+            job = load_job_model(decode_dir)
+            trace, files = write_dlc_traces(job, out_dir, force=force)
+        captures = job.captures
     except AnalysisError as exc:
         fail(str(exc))
     if as_json:
@@ -39,12 +43,13 @@ def dlc(
     for col in ("file", "node", "records", "seen from"):
         table.add_column(col, justify="right" if col == "records" else "left")
     for written in files:
-        seen = f"own capture {written.captures}" if written.vantage == "own" else f"peers: {written.captures}"
+        shown = ", ".join(capture_label(capture, captures) for capture in written.captures.split(", "))
+        seen = f"own capture {shown}" if written.vantage == "own" else f"peers' captures {shown}"
         table.add_row(written.path.name, written.node, f"{written.records:,}", seen)
     out.print(table)
 
 
-@command()
+@command(renamed={"--workers": "--processes"})
 def stats(
     decode_dir: DecodeDir,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Directory for the statistics tables.")],
@@ -52,35 +57,40 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", **Flag, help="Print summary.json instead of the tables.")] = False,
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
-    workers: Annotated[Optional[int], typer.Option(
-        "--workers", min=1, metavar="N", help="Workers of the local Dask cluster (--engine dask; default: one per "
-        "core, at most 3, the statistics' parallel branches).")] = None,
+    processes: Annotated[Optional[int], typer.Option(
+        "--processes", min=1, metavar="N", help="Worker processes of the local Dask cluster (--engine dask; "
+        "default: one per core, at most 3, the statistics' parallel branches).")] = None,
 ) -> None:
     """Per-iteration phases, per-key server overheads and the communication pattern (SketchDLC's statistics);
-    time, bandwidth, skew, traffic matrices and overlap of collective operations.
+    time, bandwidth, skew, traffic matrices and overlap of collective operations; the network's behaviour
+    (arrivals, burstiness, ON/OFF, incast, sizes, links, RoCE paths) and the diagnosis.
 
     Writes iterations.parquet, keys.parquet, sizes.parquet, traffic.parquet, volume_iterations.parquet,
     volume_keys.parquet, requests.parquet, in_flight.parquet, key_updates.parquet (ps-lite jobs),
     collective_stats.parquet, collective_ranks.parquet, collective_traffic.parquet,
-    collective_concurrency.parquet, collective_overlap.parquet (collective jobs), connections.parquet and
-    summary.json; `dlcsniff schema TABLE` says what each column holds. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
+    collective_concurrency.parquet, collective_overlap.parquet (collective jobs), connections.parquet,
+    arrivals.parquet, arrival_spread.parquet, link_health.parquet, burstiness.parquet, on_off.parquet,
+    incast.parquet, size_distributions.parquet, roce_paths.parquet, roce_collectives.parquet and
+    summary.json (its "diagnosis" is what `dlcsniff diagnose --json` prints); `dlcsniff schema TABLE` says what
+    each column holds. Examples: dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats;
     dlcsniff stats out/gloo --out out/gloo/stats; dlcsniff stats out/mxnet_sync --out out/mxnet_sync/stats --engine dask
     """
-    from dlcsniff.analysis import AnalysisError, headline, summary_json, write_statistics
-    from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
-    from dlcsniff.analysis.dask_stats import write_statistics_dask
-    from dlcsniff.decoders.dask_cluster import ClusterError
-
     check_engine(engine, scheduler)
-    if workers is not None and engine != "dask":
-        fail("--workers needs --engine dask (the pandas statistics run in this process)")
+    if processes is not None and engine != "dask":
+        fail("--processes needs --engine dask (the pandas statistics run in this process)")
+    with step("loaded the analysis"):
+        from dlcsniff.analysis import AnalysisError, headline, load_job_model, summary_json, write_statistics
+        from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
+        from dlcsniff.analysis.dask_stats import write_statistics_dask
+        from dlcsniff.analysis.display import number, scale_of
+        from dlcsniff.decoders.dask_cluster import ClusterError
     try:
-        with err.status("computing the statistics"):
+        with step(f"computed the statistics and wrote the tables ({engine})", "computing the statistics"):
+            job = load_job_model(decode_dir)
             if engine == "dask":
-                result = write_statistics_dask(decode_dir, out_dir, scheduler=scheduler, workers=workers,
-                                               force=force)
+                result = write_statistics_dask(job, out_dir, scheduler=scheduler, workers=processes, force=force)
             else:
-                result = write_statistics(decode_dir, out_dir, force=force)
+                result = write_statistics(job, out_dir, force=force)
     except (AnalysisError, ClusterError) as exc:
         fail(str(exc))
     if as_json:
@@ -94,13 +104,15 @@ def stats(
             figures.add_row(metric, value)
         out.print(figures)
         spread = Table(title="distribution", title_justify="left")
-        for col in ("statistic", "count", "mean", "p50", "p99", "max"):
-            spread.add_column(col, justify="left" if col == "statistic" else "right")
+        for col in ("statistic", "unit", "count", "mean", "p50", "p99", "max"):
+            spread.add_column(col, justify="left" if col in ("statistic", "unit") else "right")
         for name, found in result.summary["statistics"].items():
+            scale, unit = scale_of(name)
             if found is None:
-                spread.add_row(name, "0", "n/a", "n/a", "n/a", "n/a")
+                spread.add_row(name, unit, "0", "n/a", "n/a", "n/a", "n/a")
             else:
-                spread.add_row(name, str(found["count"]), *(f"{found[k]:.4g}" for k in ("mean", "p50", "p99", "max")))
+                spread.add_row(name, unit, str(found["count"]),
+                               *(number(found[k] * scale, unit) for k in ("mean", "p50", "p99", "max")))
         out.print(spread)
     if "collectives" in result.summary:
         collectives = Table(title=f"collectives of {decode_dir}", title_justify="left")
@@ -115,8 +127,10 @@ def stats(
         for row in collective_kind_rows(result.summary["collectives"]):
             kinds.add_row(*row)
         out.print(kinds)
-    losses = ", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in result.summary["losses"].items())
-    out.print(f"{losses}\nwrote the tables and summary.json to {out_dir}")
+    if "diagnosis" in result.summary:
+        out.print("diagnosis: " + "; ".join(result.summary["diagnosis"]["verdict"]), highlight=False, soft_wrap=True)
+    print_losses(result.summary["losses"], result.summary["losses_explained"])
+    out.print(f"wrote the tables and summary.json to {out_dir}")
 
 
 @command()
@@ -124,18 +138,22 @@ def report(
     decode_dir: DecodeDir,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")],
     figures_dir: Annotated[Optional[Path], typer.Option("--figures", help="Also write every figure as "
-                                                        "FIGURES/<name>.png.")] = None,
+                                                        "FIGURES/<name>.png (an output directory, with its "
+                                                        "manifest.json).")] = None,
+    force: Annotated[bool, typer.Option("--force", **Flag, help="Replace an earlier report (and figures) of "
+                                        "`dlcsniff report` at --out and --figures (never another file).")] = False,
     as_json: Json = False,
 ) -> None:
     """One self-contained HTML report (figures embedded) of a decoded job.
 
     Example: dlcsniff report out/mxnet_sync --out out/mxnet_sync/report.html
     """
-    from dlcsniff.analysis import AnalysisError, write_html_report
+    with step("loaded the analysis"):
+        from dlcsniff.analysis import AnalysisError, load_job_model, write_html_report
 
     try:
-        with err.status("drawing the report"):
-            written = write_html_report(decode_dir, out_path, figures_dir)
+        with step("drew and wrote the report", "drawing the report"):
+            written = write_html_report(load_job_model(decode_dir), out_path, figures_dir, force=force)
     except AnalysisError as exc:
         fail(str(exc))
     if as_json:

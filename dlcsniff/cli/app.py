@@ -1,21 +1,32 @@
 """The typer application every command registers on (`command`), and what the commands share: the consoles,
-the one-line error, warnings and details by verbosity, the options several commands take.
+the one-line errors and their exit codes, warnings and details by verbosity, the steps -v times, the old
+spellings of options that still work, the options several commands take.
 
 Habits of the command line: -h/--help, -V/--version, -q/--quiet (errors only), -v/--verbose (what each step
 took, every detail); flags take no value (their help shows none); output to a pipe or a file keeps whole
-tables and lines (no terminal width to fit); numbers out of range are refused before any work.
+tables and lines (no terminal width to fit); numbers out of range are refused before any work; every error is
+one line `error: ...` on stderr.
 """
 from __future__ import annotations
 
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperCommand, TyperGroup
 
 from dlcsniff import __version__
+from dlcsniff.cli.coercion import use_plain_coercion
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = ("Exit codes: 0 done; 1 the command refused or failed (a bad or undecodable capture, a missing input, "
+              "an output in the way, options that do not go together); 2 the command line cannot be read (an "
+              "unknown command or option, a missing, malformed or out-of-range value).")
 
 
 class _FlagHelp:
@@ -31,16 +42,80 @@ class _FlagHelp:
 
 
 class _Group(_FlagHelp, TyperGroup):
-    pass
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """typer's main, with its errors as one line `error: ...` (no boxes, no usage block) and the exit codes
+        of EXIT_CODES; an OSError no command caught is one line too."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as exc:          # `dlcsniff` alone: the help
+            exc.show()
+            code = exc.exit_code
+        except ClickException as exc:
+            say_error(exc.format_message().rstrip(".").replace("\n", " ") + _help_hint(exc))
+            code = exc.exit_code
+        except typer.Abort:
+            say_error("aborted")
+            code = EXIT_FAILED
+        except OSError as exc:
+            say_error(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror or exc))
+            code = EXIT_FAILED
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def _help_hint(exc: ClickException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    return f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
 
 
 class _Command(_FlagHelp, TyperCommand):
-    pass
+    """A dlcsniff command: plain coercion of its parameters, and its options' old spellings (`renamed`: old ->
+    new) still understood, each with a one-line deprecation warning."""
+
+    renamed: dict[str, str] = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            use_plain_coercion(param)
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, respell(args, self.renamed, ctx.command_path))
+
+
+def respell(args: list[str], renamed: dict[str, str], command_path: str) -> list[str]:
+    """`args` with every old spelling of an option (`--workers`, `--workers=2`, `-fchrome`) in its new one, up
+    to `--` (after it everything is an argument), saying so once per spelling."""
+    if not renamed:
+        return args
+    end = args.index("--") if "--" in args else len(args)
+    respelled, said = [], set()
+    for arg in args[:end]:
+        old = next((old for old in renamed if _spells(arg, old)), None)
+        if old is not None:
+            new, rest = renamed[old], arg[len(old):]      # rest: "", "=VALUE", or a short option's VALUE
+            if rest and not old.startswith("--") and new.startswith("--"):
+                rest = "=" + rest
+            if old not in said:
+                warn(f"`{command_path} {old}` is deprecated: use {new}")
+                said.add(old)
+            arg = new + rest
+        respelled.append(arg)
+    return respelled + args[end:]
+
+
+def _spells(arg: str, option: str) -> bool:
+    """Whether `arg` gives `option`: --name, --name=VALUE; -x, or -xVALUE."""
+    if option.startswith("--"):
+        return arg == option or arg.startswith(option + "=")
+    return arg.startswith(option) and not arg.startswith("--")
 
 
 app = typer.Typer(
     cls=_Group,
     help="See what a distributed deep-learning job puts on the network, per tensor, without touching the job.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -48,9 +123,11 @@ app = typer.Typer(
 )
 
 
-def command(*args, **kwargs):
-    """`app.command` for dlcsniff's commands (their help shows flags without a value placeholder)."""
-    return app.command(*args, cls=_Command, **kwargs)
+def command(*args, renamed: dict[str, str] | None = None, epilog: str = EXIT_CODES, **kwargs):
+    """`app.command` for dlcsniff's commands: flags without a value placeholder in their help, the exit codes
+    as the help's epilog, and `renamed` (old spelling -> new) for the options they renamed."""
+    cls = type("Command", (_Command,), {"renamed": dict(renamed or {})}) if renamed else _Command
+    return app.command(*args, cls=cls, epilog=epilog, **kwargs)
 
 
 # Not a terminal (a pipe, a file): no width to fit, so whole tables and unbroken lines.
@@ -60,9 +137,14 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDE)
 _verbosity = {"level": 0}     # -1 quiet, 0 normal, 1 verbose
 
 
-def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
+def say_error(message: str) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+
+
+def fail(message: str, exit_code: int = EXIT_FAILED) -> None:
+    """The command stops: one line `error: message` on stderr, exit `exit_code`."""
+    say_error(message)
+    raise typer.Exit(exit_code)
 
 
 def warn(message: str) -> None:
@@ -70,10 +152,36 @@ def warn(message: str) -> None:
         err.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
+def print_losses(losses: dict[str, int], explained: dict[str, str]) -> None:
+    """An analysis's losses on one line, then what each count that is not zero is, and why (`explained`)."""
+    out.print(", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in losses.items()), highlight=False)
+    for name, value in losses.items():
+        if value and name in explained:
+            out.print(f"  {name.replace('_', ' ')} {value:,}: {explained[name]}", highlight=False, soft_wrap=True)
+
+
 def detail(message: str) -> None:
-    """What -v adds: how long a step took, and the like (on stderr: stdout stays the result)."""
+    """What -v adds (on stderr: stdout stays the result)."""
     if _verbosity["level"] > 0:
         err.print(f"[dim]{message}[/]", highlight=False, soft_wrap=True)
+
+
+def took(what: str, seconds: float) -> None:
+    """-v's line for one step: `<what> in <seconds> s`."""
+    detail(f"{what} in {seconds:.2f} s")
+
+
+@contextmanager
+def step(what: str, status: str | None = None):
+    """One step of a command: a spinner saying `status` while it runs (on a terminal), then under -v one line
+    saying what it took (`what`: what was done, e.g. "computed the statistics")."""
+    start = time.perf_counter()
+    if status is None:
+        yield
+    else:
+        with err.status(status):
+            yield
+    took(what, time.perf_counter() - start)
 
 
 def _version(value: bool) -> None:
@@ -90,8 +198,8 @@ def main(
     version: Annotated[bool, typer.Option("--version", "-V", callback=_version, is_eager=True, **Flag,
                                           help="Print the version and exit.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", **Flag, help="Print errors only.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", **Flag, help="Also say how long each step took, "
-                                          "and every detail.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", **Flag, help="Also say what each step took (one "
+                                          "line a step, on stderr), and every detail.")] = False,
 ) -> None:
     """Capture, decode and analyse distributed deep-learning traffic."""
     if quiet and verbose:
@@ -113,6 +221,7 @@ def check_engine(engine: str, scheduler: Optional[str]) -> None:
 
 
 DecodeDir = Annotated[Path, typer.Argument(metavar="DECODE_DIR", help="The --out directory of `dlcsniff decode`.")]
-Force = Annotated[bool, typer.Option("--force", **Flag, help="Replace the output of an earlier run in --out (its "
-                                     "files only, as its manifest.json lists them).")]
+Force = Annotated[bool, typer.Option("--force", **Flag, help="Replace the output of an earlier run of the same "
+                                     "command in --out (a directory: the files its manifest.json lists, nothing "
+                                     "else; a file: only one that command wrote). Anything else is refused, exit 1.")]
 Json = Annotated[bool, typer.Option("--json", **Flag, help="Print the result as JSON (on stdout).")]

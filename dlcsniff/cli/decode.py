@@ -10,14 +10,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, detail, err, fail,
-                              out, warn)
+from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err, fail, out,
+                              step, took, warn)
 
 
 PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on (and always for a stream: no size)
 
 
-@command()
+@command(renamed={"--workers": "--processes"})
 def decode(
     captures: Annotated[list[Path], typer.Argument(
         metavar="CAPTURE...", help="Capture files (pcap/pcapng, optionally gzip, xz or zstd compressed; the pieces "
@@ -29,9 +29,9 @@ def decode(
                                                      help="Progress bar (default: on large inputs).")] = None,
     engine: Engine = "pandas",
     scheduler: SchedulerAddress = None,
-    workers: Annotated[Optional[int], typer.Option(
-        "--workers", min=0, metavar="N", help="Processes decoding captures in parallel (pandas: forked, 0 = none; "
-        "dask: the local cluster's workers). Default: one per core, when it pays.")] = None,
+    processes: Annotated[Optional[int], typer.Option(
+        "--processes", min=0, metavar="N", help="Processes decoding captures in parallel (pandas: forked, 0 = "
+        "none; dask: the local cluster's workers). Default: one per core, when it pays.")] = None,
     filter_expr: Annotated[Optional[str], typer.Option(
         "--filter", "-f", metavar="EXPR", help="Decode only the packets this pcap filter expression (tcpdump's "
         "syntax, compiled by libpcap) keeps, e.g. 'tcp port 9000 or udp port 4791'.")] = None,
@@ -47,18 +47,19 @@ def decode(
     """Decode captures into streams.parquet, zmtp.parquet, messages.parquet and nodes.parquet.
 
     Examples: dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync;
-    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --workers 2 (one Dask task per capture);
+    dlcsniff decode pcaps/mxnet_sync --out out/mxnet_sync --engine dask --processes 2 (one Dask task per capture);
     dlcsniff decode pcaps/mxnet_sync --out out/window --filter 'tcp port 9100' --start +2.8s --end +3s;
     gzip -dc pcaps/zmq/client.pcap.gz | dlcsniff decode - --out out/stdin
     """
     # Before pyarrow loads: its default pool (mimalloc) kept 5-12 MB more resident than the C library's malloc,
     # for the few MB of tables a decode holds; a user's own ARROW_DEFAULT_MEMORY_POOL wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    from dlcsniff.decoders.dask_cluster import ClusterError
-    from dlcsniff.decoders.decode_run import decode_to_dir
-    from dlcsniff.decoders.errors import CaptureError
-    from dlcsniff.decoders.inputs.selection import packet_selection
-    from dlcsniff.decoders.output_dir import OutputError
+    with step("loaded the decoders"):
+        from dlcsniff.decoders.dask_cluster import ClusterError
+        from dlcsniff.decoders.decode_run import decode_to_dir
+        from dlcsniff.decoders.errors import CaptureError
+        from dlcsniff.decoders.inputs.selection import packet_selection
+        from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
     try:
@@ -85,7 +86,7 @@ def decode(
     try:
         # the output is claimed before any decoding; the tables, and one timeline for the job (a message seen at
         # both ends becomes one event, every capture's clock aligned to a reference capture), after it
-        run = decode_to_dir(captures, out_dir, force=force, engine=engine, scheduler=scheduler, workers=workers,
+        run = decode_to_dir(captures, out_dir, force=force, engine=engine, scheduler=scheduler, workers=processes,
                             selection=selection, progress_total=progress_total, command=sys.argv)
     except (CaptureError, ClusterError, OutputError) as exc:
         fail(str(exc))
@@ -94,22 +95,29 @@ def decode(
     finally:
         if bar is not None:
             bar.stop()
-    detail(f"decoded {run.dataset.summary['packets']:,} packets in {run.decode_s:.2f} s; wrote the tables, the "
-           f"job's timeline and the manifest in {run.write_s:.2f} s")
+    took(f"decoded {run.dataset.summary['packets']:,} packets", run.decode_s)
+    took("wrote the tables, the job's timeline and the manifest", run.write_s)
     summary = run.dataset.summary
     summary["out"] = str(run.out_dir)
     summary["job_view"] = run.job_view
-    if as_json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
-        _print_decode_summary(summary, run.dataset.tables)
+    with step("printed the summary"):
+        if as_json:
+            print(json.dumps(summary, indent=2, default=str))
+        else:
+            _print_decode_summary(summary, run.dataset)
     # What is left is the interpreter's exit: spare its last garbage collection the walk over every object
     # the decode made (a quarter of a second on a large capture).
     gc.freeze()
 
 
-def _print_decode_summary(summary: dict, tables: dict) -> None:
+def _print_decode_summary(summary: dict, dataset) -> None:
+    import numpy as np
+    import pandas as pd
     from rich.table import Table
+
+    from dlcsniff.decoders.losses import says_losses
+    from dlcsniff.decoders.protocols import protocol_says
+    from dlcsniff.decoders.protocols.pslite.decoder import PUSH_PULL
 
     for warning in summary["warnings"]:
         warn(warning)
@@ -130,25 +138,26 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
         what = "; ".join(filter(None, [f"filter {selection['filter']!r}" if selection["filter"] is not None else "",
                                        f"window {window}" if window else ""]))
         out.print(f"decoded {summary['packets_decoded']:,} of {summary['packets']:,} packets ({what})")
+    says = protocol_says(summary)       # each protocol's words (decoders.protocols.job_step)
     flows = ", ".join(f"{proto} {n}" for proto, n in sorted(summary["flows_by_protocol"].items())) or "none"
-    kinds = "TCP directions" + (", RoCE queue pairs each way" if "roce" in summary["flows_by_protocol"] else "")
+    kinds = "TCP directions" + "".join(says["flow_kinds"])
     out.print(f"flows ({kinds}) by protocol: {flows}")
     out.print(f"TCP payload {summary['tcp_bytes']:,} B; capture holes {summary['missing_bytes']:,} B in "
               f"{summary['streams_with_holes']} flows; cut by the snaplen {summary['uncaptured_bytes']:,} B; "
               f"retransmitted {summary['retransmitted_bytes']:,} B; "
-              f"{summary['midstream_streams']} flows started before the capture"
-              + (f"; ZMTP resync skipped {summary['zmtp_lost_bytes']:,} B"
-                 if summary["zmtp_messages"] or summary["zmtp_commands"] or summary["zmtp_lost_bytes"] else ""))
-    if summary["zmtp_messages"] or summary["zmtp_commands"]:
-        out.print(f"ZMTP: {summary['zmtp_messages']:,} messages, {summary['zmtp_commands']:,} commands")
+              f"{summary['midstream_streams']} flows started before the capture")
+    for line in says["framing"]:
+        out.print(line)
     by_protocol = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["messages_by_protocol"].items()))
     if by_protocol:
-        pslite = (f"; ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes, "
-                  f"{summary['messages_without_node_ids']:,} without a sender or receiver id"
-                  if "pslite" in summary["messages_by_protocol"] else "")
-        out.print(f"messages by protocol: {by_protocol} ({summary['incomplete_messages']:,} incomplete{pslite})")
+        observations = ", ".join(f"{proto} {n:,}" for proto, n in sorted(summary["observations_by_protocol"].items()))
+        out.print(f"messages by protocol, each once: {by_protocol} ({summary['incomplete_messages']:,} "
+                  f"incomplete{''.join(says['messages'])}); seen by the captures {summary['observations']:,} times "
+                  f"({observations})")
     elif not summary["dl_traffic"]:
         out.print("no deep-learning traffic found (no ZMTP/ps-lite, Gloo, TCPStore, NCCL or RoCE)")
+    if summary["losses_by_protocol"]:
+        out.print(f"losses by protocol: {says_losses(summary['losses_by_protocol'])}")
     _print_unclaimed(summary["unclaimed"])
     if "processes" in summary:
         procs = summary["processes"]
@@ -156,21 +165,23 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
                   f"{procs['messages_with_api_time']:,} messages with their libzmq call time")
         for warning in procs["warnings"]:
             warn(warning)
-    if summary["roce"]:
-        out.print("RoCE: " + ", ".join(f"{name.replace('_', ' ')} {n:,}" for name, n in summary["roce"].items()))
+    for line in says["counters"]:
+        out.print(line)
     if summary["collectives_by_kind"]:
         out.print("collectives: " + ", ".join(f"{kind} {n:,}" for kind, n in summary["collectives_by_kind"].items()))
-    messages = tables["messages"].select(
+    # the job's messages once: each event's fields, from the observation it takes them from
+    messages = dataset.tables["messages"].take(dataset.view.events["message_row"].to_numpy(np.int64)).select(
         ["protocol", "control_cmd", "keys", "push", "pull", "request", "sender_role", "recver_role", "size_bytes",
          "tensor_key"]).to_pandas()
     kv = messages[(messages["protocol"] == "pslite") & messages["control_cmd"].isna()
                   & messages["keys"].map(lambda keys: keys is not None and len(keys) > 0)]
     if len(kv):
-        kinds = Table(title="ps-lite KV traffic", title_justify="left")
+        kinds = Table(title="ps-lite KV traffic (each message once)", title_justify="left")
         for col in ("sender", "recver", "kind", "messages", "bytes", "tensors"):
             kinds.add_column(col, justify="left" if col in ("sender", "recver", "kind") else "right")
-        kind = (kv["push"].map({True: "push", False: ""}) + kv["pull"].map({True: "+pull", False: ""})).str.strip(
-            "+").where(lambda s: s != "", "other") + kv["request"].map({True: " request", False: " response"})
+        push, pull = (kv[flag].fillna(False).to_numpy(bool) for flag in ("push", "pull"))
+        kind = pd.Series(np.select([push & pull, push, pull], [PUSH_PULL, "push", "pull"], "other"),
+                         index=kv.index) + kv["request"].map({True: " request", False: " response"})
         grouped = kv.assign(kind=kind).groupby(["sender_role", "recver_role", "kind"], dropna=False).agg(
             messages=("size_bytes", "size"), bytes=("size_bytes", "sum"), tensors=("tensor_key", "nunique"))
         for (snd, rcv, k), row in grouped.iterrows():
@@ -179,12 +190,19 @@ def _print_decode_summary(summary: dict, tables: dict) -> None:
     job = summary["job_view"]
     if job["events"]:
         losses = job["losses"]
+        by_reference: dict[str, list[str]] = {job["reference"]: []}      # one reference per job
+        for c in job["clocks"]:
+            if c["aligned"] and c["capture"] != c["reference"]:
+                by_reference.setdefault(c["reference"], []).append(
+                    f"{c['capture']} {c['offset_ns'] / 1000:+.1f} µs ±{c['error_bound_ns'] / 1000:.1f}")
+        aligned = [f"to {reference}: {', '.join(shown)}" for reference, shown in by_reference.items() if shown]
+        # a reference nothing was aligned to (one capture alone, or a job of one capture) keeps its own clock
+        alone = [f"{reference} on its own clock (no other capture to align with it)"
+                 for reference, shown in by_reference.items() if not shown]
         out.print(f"job view: {job['events']:,} events from {losses['observations']:,} observations "
-                  f"({losses['events_seen_at_both_ends']:,} seen at both ends); clocks aligned to "
-                  f"{job['reference']}: " + ", ".join(
-                      f"{c['capture']} {c['offset_ns'] / 1000:+.1f} µs ±{c['error_bound_ns'] / 1000:.1f}"
-                      for c in job["clocks"] if c["aligned"] and c["capture"] != job["reference"]))
-    out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*tables, 'events', 'clocks'))} and manifest.json to "
+                  f"({losses['events_seen_at_both_ends']:,} seen at both ends); "
+                  + "; ".join((["clocks aligned " + "; ".join(aligned)] if aligned else []) + alone))
+    out.print(f"wrote {', '.join(f'{n}.parquet' for n in (*dataset.tables, 'events', 'clocks'))} and manifest.json to "
               f"{summary['out']}")
 
 

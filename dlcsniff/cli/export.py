@@ -8,14 +8,14 @@ from typing import Annotated, Literal
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, Force, Json, command, err, fail, out
+from dlcsniff.cli.app import DecodeDir, Force, Json, command, fail, out, print_losses, step
 
 
-@command()
+@command(renamed={"-f": "-F"})
 def export(
     decode_dir: DecodeDir,
     export_format: Annotated[Literal["chrome", "chakra"], typer.Option(
-        "--format", "-f", help="chrome: one JSON file for Perfetto / chrome://tracing; chakra: one "
+        "--format", "-F", help="chrome: one JSON file for Perfetto / chrome://tracing; chakra: one "
         "<job>.<rank>.et file per rank for ASTRA-sim.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The JSON file (chrome) or the directory of .et "
                                            "files (chakra).")],
@@ -27,16 +27,18 @@ def export(
     Examples: dlcsniff export out/mxnet_sync --format chrome --out out/mxnet_sync/trace.json;
     dlcsniff export out/mxnet_sync --format chakra --out out/mxnet_sync/chakra
     """
-    from dlcsniff.analysis import AnalysisError
-    from dlcsniff.analysis.export_chakra import write_chakra_traces
-    from dlcsniff.analysis.export_chrome import write_chrome_trace
+    with step("loaded the analysis"):
+        from dlcsniff.analysis import AnalysisError, load_job_model
+        from dlcsniff.analysis.export_chakra import CHAKRA_LOSSES, write_chakra_traces
+        from dlcsniff.analysis.export_chrome import write_chrome_trace
 
     try:
-        with err.status(f"writing the {export_format} export"):
+        with step(f"wrote the {export_format} export", f"writing the {export_format} export"):
+            job = load_job_model(decode_dir)
             if export_format == "chrome":
-                found = write_chrome_trace(decode_dir, out_path)
+                found = write_chrome_trace(job, out_path, force=force)
             else:
-                written = write_chakra_traces(decode_dir, out_path, force=force)
+                written = write_chakra_traces(job, out_path, force=force)
     except AnalysisError as exc:
         fail(str(exc))
     if as_json:
@@ -45,7 +47,8 @@ def export(
                       "iterations": found.iterations, "collective_operations": found.collective_operations,
                       "losses": found.losses}
         else:
-            result = {"out": str(out_path), "prefix": str(written.prefix), "losses": written.losses, "files": [
+            result = {"out": str(out_path), "prefix": str(written.prefix), "losses": written.losses,
+                      "losses_explained": {name: CHAKRA_LOSSES[name] for name in written.losses}, "files": [
                 {"file": file.path.name, "node": file.node, "nodes": file.nodes, "send_recv": file.comm_nodes,
                  "compute": file.comp_nodes, "collective": file.coll_nodes} for file in written.files]}
         print(json.dumps(result, indent=2, default=str))
@@ -57,7 +60,7 @@ def export(
         if found.collective_operations:
             shown.append(f"{found.collective_operations:,} collective operations (one per rank)")
         out.print(f"wrote {out_path}: {', '.join(shown)} (open it in Perfetto or chrome://tracing)")
-        losses = found.losses
+        losses, explained = found.losses, {}
     else:
         table = Table(title=f"Chakra traces in {out_path} (ASTRA-sim workload prefix {written.prefix})",
                       title_justify="left")
@@ -67,5 +70,5 @@ def export(
             table.add_row(file.path.name, file.node, f"{file.nodes:,}", f"{file.comm_nodes:,}",
                           f"{file.comp_nodes:,}", f"{file.coll_nodes:,}")
         out.print(table)
-        losses = written.losses
-    out.print(", ".join(f"{name.replace('_', ' ')} {value:,}" for name, value in losses.items()))
+        losses, explained = written.losses, CHAKRA_LOSSES
+    print_losses(losses, explained)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import Flag, Json, command, fail, out
+from dlcsniff.cli.app import Flag, Json, command, fail, out, step
 
 
 @command()
@@ -21,7 +21,8 @@ def schema(
 
     Examples: dlcsniff schema; dlcsniff schema events; dlcsniff schema requests --json
     """
-    from dlcsniff.analysis.schema_reference import REFERENCE, column_rows, reference_json, reference_markdown
+    with step("loaded the table reference"):
+        from dlcsniff.analysis.schema_reference import REFERENCE, column_rows, reference_json, reference_markdown
 
     if markdown and (table is not None or as_json):
         fail("--markdown prints every table, as Markdown: without TABLE and --json")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli.app import Flag, Json, command, fail, out
+from dlcsniff.cli.app import Flag, Json, command, fail, out, step
 
 
 @command()
@@ -17,6 +17,8 @@ def wireshark(
     install: Annotated[bool, typer.Option(
         "--install", **Flag, help="Write it into Wireshark's personal Lua plugin folder "
         "(~/.local/lib/wireshark/plugins), where Wireshark and tshark load it at start.")] = False,
+    force: Annotated[bool, typer.Option("--force", **Flag, help="Replace a dlcsniff.lua an earlier `dlcsniff "
+                                        "wireshark` wrote (never another file).")] = False,
     as_json: Json = False,
 ) -> None:
     """Write the Wireshark / tshark dissector (dlcsniff.lua): the ZMTP, ps-lite and Gloo messages `decode` finds,
@@ -27,6 +29,7 @@ def wireshark(
     tshark -2 -X lua_script:plugins/dlcsniff.lua -r pcaps/mxnet_sync/worker0.pcap.gz -Y pslite;
     dlcsniff wireshark --install, then tshark -2 -r pcaps/mxnet_sync/worker0.pcap.gz -Y pslite
     """
+    from dlcsniff.decoders.output_dir import OutputError
     from dlcsniff.decoders.wireshark import SCRIPT_NAME, personal_plugin_dir, write_dissector
 
     if out_dir is None and not install:
@@ -35,7 +38,10 @@ def wireshark(
     written = []
     for directory, installed in targets:
         try:
-            path = write_dissector(directory)
+            with step(f"wrote {SCRIPT_NAME} into {directory}"):
+                path = write_dissector(directory, force=force, option="--install:" if installed else "--out")
+        except OutputError as exc:
+            fail(str(exc))
         except OSError as exc:
             fail(f"cannot write {directory / SCRIPT_NAME}: {exc.strerror or exc}")
         written.append({"path": str(path), "bytes": path.stat().st_size, "installed": installed})

@@ -23,8 +23,17 @@ and just after it returned (every call is synchronous):
   the works the profiler saw, not from the calls.
 With --train-steps N the ranks run a data-parallel training loop instead of the list: per step, computation
 (--compute-matmuls products of 256×256 float32 matrices, on one thread), then one all_reduce of a
---grad-elements float32 gradient; `steps` lists each step's start, the all_reduce's call and its return.
-The recorder (sniffer/record.py) reads `finished` to know when a straggler may be killed.
+--grad-elements float32 gradient; `steps` lists each step's start, the all_reduce's call and its return, and
+`seq`, the all_reduce's sequence number in the process group (the Gloo tag its messages carry).
+A fault can be injected into the training loop: --stall-step N --stall-s S makes the rank sleep S seconds
+before step N's all_reduce (the rank is late: a straggler; or, with S beyond the others' --timeout-s, a rank
+that stops taking part while the others wait until their timeout: a hang); with --stall-by sigstop the rank's
+whole process (Gloo's transport threads too: nothing reads its sockets, its kernel buffers what arrives) is
+stopped by SIGSTOP instead and continued by SIGCONT S seconds later, as an operator's `kill -STOP` or a frozen
+container does. `fault` records it (step, seq, seconds, how, wall-clock start and end). A collective that fails
+(the others' timeout, a peer gone) is recorded as `error` (step, seq, when, the message) and the rank exits with
+status 1, as a job's rank does.
+The recorder (lab/record.py) reads `finished` to know when a straggler may be killed.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ import argparse
 import json
 import os
 import platform
+import signal
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -156,23 +167,47 @@ def profiled(call) -> tuple[dict, list[dict], int, int]:
     return result, works, start_ns, end_ns
 
 
-def train(steps: int, grad_elements: int, compute_matmuls: int, rank: int) -> list[dict]:
-    """The training loop (see the module doc): one entry per step, wall-clock ns."""
+class CollectiveFailed(Exception):
+    """A training step's all_reduce raised (the others' timeout, a peer gone): recorded, the rank exits 1."""
+
+
+def stop_process(seconds: float) -> None:
+    """SIGSTOP this whole process for `seconds`: a helper process, started first, sends it SIGCONT."""
+    waker = subprocess.Popen(["/bin/sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    waker.wait()
+
+
+def train(steps: int, grad_elements: int, compute_matmuls: int, rank: int, record: dict,
+          stall: tuple[int, float, str] | None = None) -> None:
+    """The training loop (see the module doc): record["steps"] gets one entry per step, wall-clock ns;
+    with `stall` (step, seconds, how: sleep or sigstop) the rank stalls before that step's all_reduce
+    (record["fault"])."""
     generator = torch.Generator().manual_seed(rank)
     activations = torch.rand((256, 256), generator=generator)
     weights = torch.rand((256, 256), generator=generator) / 256
     gradient = torch.empty(grad_elements)
-    done = []
+    record["steps"] = []
     for step in range(steps):
         start_ns = time.time_ns()
         for _ in range(compute_matmuls):
             activations = torch.tanh(activations @ weights)
         gradient.fill_(float(activations[0, 0]) + rank)
+        seq = dist.group.WORLD._get_sequence_number_for_group()
+        if stall is not None and stall[0] == step:
+            record["fault"] = {"kind": "stall", "step": step, "seq": seq, "stall_s": stall[1], "how": stall[2],
+                               "start_ns": time.time_ns()}
+            (stop_process if stall[2] == "sigstop" else time.sleep)(stall[1])
+            record["fault"]["end_ns"] = time.time_ns()
         call_ns = time.time_ns()
-        dist.all_reduce(gradient)
-        done.append({"step": step, "start_ns": start_ns, "all_reduce_ns": call_ns, "end_ns": time.time_ns(),
-                     "tensor_bytes": grad_elements * FLOAT32_BYTES})
-    return done
+        try:
+            dist.all_reduce(gradient)
+        except RuntimeError as exc:
+            record["error"] = {"step": step, "seq": seq, "call_ns": call_ns, "ts_ns": time.time_ns(),
+                               "message": str(exc).splitlines()[0]}
+            raise CollectiveFailed from exc
+        record["steps"].append({"step": step, "seq": seq, "start_ns": start_ns, "all_reduce_ns": call_ns,
+                                "end_ns": time.time_ns(), "tensor_bytes": grad_elements * FLOAT32_BYTES})
 
 
 def rank_parser(description: str) -> argparse.ArgumentParser:
@@ -211,12 +246,24 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=None)
     parser.add_argument("--grad-elements", type=int, default=2_621_440)
     parser.add_argument("--compute-matmuls", type=int, default=20)
+    parser.add_argument("--stall-step", type=int, default=None, help="training: sleep before this step's all_reduce")
+    parser.add_argument("--stall-s", type=float, default=1.5, help="training: seconds of that stall")
+    parser.add_argument("--stall-by", choices=["sleep", "sigstop"], default="sleep",
+                        help="training: the rank sleeps, or its process is stopped (SIGSTOP, then SIGCONT)")
+    parser.add_argument("--timeout-s", type=float, default=TIMEOUT.total_seconds(),
+                        help="the process group's timeout (a collective waiting longer fails)")
     args = parser.parse_args()
     rank, world = args.rank, args.world_size
-    record = start_rank(args, TIMEOUT)
+    record = start_rank(args, timedelta(seconds=args.timeout_s))
     if args.train_steps:
         torch.set_num_threads(1)
-        record["steps"] = train(args.train_steps, args.grad_elements, args.compute_matmuls, rank)
+        stall = None if args.stall_step is None else (args.stall_step, args.stall_s, args.stall_by)
+        try:
+            train(args.train_steps, args.grad_elements, args.compute_matmuls, rank, record, stall)
+        except CollectiveFailed:
+            record["end_ns"] = time.time_ns()
+            write_record(args.record, record)
+            raise SystemExit(1) from None
         finish_rank(args, record)
         return
     calls = []                    # (order, kind, label, call)

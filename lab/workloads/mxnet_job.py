@@ -7,7 +7,11 @@ Every node writes its own record (JSON) of what it did, with wall-clock ns times
 - worker: the same plus the model's parameters (kvstore key, shape, dtype, bytes), every kvstore call
   the Trainer made (init/broadcast/push/pull/pushpull/row_sparse_pull/set_optimizer) with the arrays
   involved, and every batch with its start/end.
-The recorder (sniffer/record.py) reads `finished` to know when a straggler may be killed.
+A fault can be injected (lab/record.py's fault jobs): --stall-batch N --stall-s S makes a worker sleep S
+seconds before batch N's trainer.step (its pushes leave late: a slow worker), and a server sleep S seconds
+in its first update of training iteration N (--optimizer stallingsgd on the workers: stalling_sgd.py; every
+answer of that round waits: a slow server); `fault` in the node's record says what it did and when.
+The recorder (lab/record.py) reads `finished` to know when a straggler may be killed.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import numpy
 
 DMLC_ENV_PREFIXES = ("DMLC_", "MXNET_", "PS_", "PORT")
+STALL_ENV = "DLCSNIFF_LAB_STALL_UPDATE"       # stalling_sgd.STALL_ENV (that module imports mxnet)
 
 
 def libzmq_version_inside_mxnet() -> str:
@@ -201,7 +206,9 @@ def run_worker(args, record: dict) -> None:
     params = net.collect_params()
     # The gradient scale goes with the optimizer to the servers; with a row-sparse weight the kvstore (and
     # so the optimizer) is set up by the first forward pass, before step() could pass a batch size.
-    trainer = gluon.Trainer(params, "sgd", {"learning_rate": args.learning_rate,
+    if args.optimizer == "stallingsgd":
+        import stalling_sgd  # noqa: F401  (registers the optimizer; the servers unpickle it from there)
+    trainer = gluon.Trainer(params, args.optimizer, {"learning_rate": args.learning_rate,
                                             "rescale_grad": 1.0 / args.batch_size}, kvstore=kvstore)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     record.update(
@@ -227,6 +234,12 @@ def run_worker(args, record: dict) -> None:
         with autograd.record():
             loss = loss_fn(net(inputs), labels)
         loss.backward()
+        if index == args.stall_batch:
+            record["fault"] = {"kind": "stall", "batch": index, "stall_s": args.stall_s, "start_ns": time.time_ns()}
+            write_record(args.record, record)        # the recorder may give up on the job while it sleeps
+            mx.nd.waitall()
+            time.sleep(args.stall_s)
+            record["fault"]["end_ns"] = time.time_ns()
         trainer.step(1)
         mean_loss = float(loss.mean().asscalar())
         record["batches"].append({"index": index, "start_ns": start_ns, "end_ns": time.time_ns(), "loss": mean_loss})
@@ -242,6 +255,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "stallingsgd"])
+    parser.add_argument("--stall-batch", type=int, default=None,
+                        help="worker: sleep before this batch's trainer.step; server: in this iteration's update")
+    parser.add_argument("--stall-s", type=float, default=1.0, help="seconds of that sleep")
     args = parser.parse_args()
 
     role = os.environ["DMLC_ROLE"]
@@ -260,10 +277,15 @@ def main() -> None:
         else:
             # Scheduler and server: importing mxnet runs the ps-lite loop, then calls sys.exit(). The failed
             # import leaves mxnet out of sys.modules: importing it again would start a second ps-lite node.
+            if role == "server" and args.stall_batch is not None:
+                os.environ[STALL_ENV] = f"{args.stall_batch}:{args.stall_s}"
             try:
                 import mxnet  # noqa: F401
             except SystemExit:
                 pass
+            stalled = getattr(sys.modules.get("stalling_sgd"), "FAULTS", None)
+            if stalled:
+                record["fault"] = stalled[0]
         record["finished"] = True
     finally:
         record["end_ns"] = time.time_ns()

@@ -1,16 +1,30 @@
 // Shared by every dlcsniff probe: the event head, the ring buffer, the network-namespace filter.
 //
-// Compiled by bcc with -D flags from sniffer/ebpf.py (never by editing this text):
-//   EVENT_HEAD_BYTES, *_EVENT_BYTES  layout sizes from sniffer/events.py (checked by _Static_assert)
-//   KIND_*, KIND_COUNT               event kinds from sniffer/events.py
-//   RINGBUF_PAGES                    ring buffer size in pages
-//   NETNS_INUM                       inode of the network namespace to watch (absent: watch every one)
-//   TASK_NSPROXY_OFFSET, NSPROXY_NET_NS_OFFSET, NET_NS_INUM_OFFSET, SOCK_NET_OFFSET,
-//   TASK_GROUP_LEADER_OFFSET, TASK_COMM_OFFSET
-//                                    member offsets read from the running kernel's BTF: the installed
-//                                    headers may belong to another kernel version, the BTF never does.
-#include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
+// Built once into one CO-RE object (probes.c includes every probe; sniffer/bpf_objects.py, run by `make setup`)
+// that libbpf loads as it is on any kernel with BTF. The build's -D flags are the record layout shared with the
+// decoders (decoders/formats/probe_events.py: EVENT_HEAD_BYTES, *_EVENT_BYTES, KIND_*, KIND_COUNT, checked
+// here by _Static_assert) and RINGBUF_BYTES. What differs per run is read-only data set at load
+// (sniffer/ebpf.py): the network namespace watched, the loader's addresses (probes/libs.c).
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "kernel.h"
+
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __s32 s32;
+typedef __u64 u64;
+typedef __s64 s64;
+
+#if !defined(PT_REGS_PARM6) && defined(__TARGET_ARCH_x86)
+#define PT_REGS_PARM6(x) ((x)->r9)            // x86-64 System V: the 6th integer argument (libbpf 1.1 lacks it)
+#endif
+
+const volatile u32 netns_inum = 0;       // inode of the network namespace watched (the daemon's own)
 
 struct event_head {
     u16 kind;
@@ -22,58 +36,42 @@ struct event_head {
     u64 cgroup_id;         // cgroup v2 id of the task
     char comm[16];         // the process's (thread group leader's) name
 };
-_Static_assert(sizeof(struct event_head) == EVENT_HEAD_BYTES, "event_head differs from sniffer/events.py");
+_Static_assert(sizeof(struct event_head) == EVENT_HEAD_BYTES, "event_head differs from probe_events.py");
 
 // The daemon reads the ring on a timer: events are submitted with BPF_RB_NO_WAKEUP, sparing the traced
 // job the cost of a wakeup per event.
-BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-BPF_PERCPU_ARRAY(lost, u64, KIND_COUNT);    // per kind: events the ring buffer had no room for
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, RINGBUF_BYTES);
+} events SEC(".maps");
+
+struct {                                   // per kind: events the ring buffer had no room for
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, KIND_COUNT);
+    __type(key, u32);
+    __type(value, u64);
+} lost SEC(".maps");
 
 static __always_inline void count_lost(u32 kind) {
-    u64 *slot = lost.lookup(&kind);
+    u64 *slot = bpf_map_lookup_elem(&lost, &kind);
     if (slot)
         *slot += 1;
 }
 
-static __always_inline u32 netns_of_net(void *net) {
-    u32 inum = 0;
-#ifdef NET_NS_INUM_OFFSET
-    bpf_probe_read_kernel(&inum, sizeof(inum), (char *)net + NET_NS_INUM_OFFSET);
-#endif
-    return inum;
-}
-
 static __always_inline u32 task_netns(void) {
-#ifdef TASK_NSPROXY_OFFSET
-    char *task = (char *)bpf_get_current_task();
-    void *nsproxy = NULL;
-    void *net = NULL;
-    bpf_probe_read_kernel(&nsproxy, sizeof(nsproxy), task + TASK_NSPROXY_OFFSET);
-    if (!nsproxy)      // an exiting task has dropped its namespaces
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    struct nsproxy *nsproxy = BPF_CORE_READ(task, nsproxy);
+    if (!nsproxy)          // an exiting task has dropped its namespaces
         return 0;
-    bpf_probe_read_kernel(&net, sizeof(net), (char *)nsproxy + NSPROXY_NET_NS_OFFSET);
-    return netns_of_net(net);
-#else
-    return 0;
-#endif
+    return BPF_CORE_READ(nsproxy, net_ns, ns.inum);
 }
 
-static __always_inline u32 sock_netns(const void *sk) {
-#ifdef SOCK_NET_OFFSET
-    void *net = NULL;
-    bpf_probe_read_kernel(&net, sizeof(net), (const char *)sk + SOCK_NET_OFFSET);
-    return netns_of_net(net);
-#else
-    return 0;
-#endif
+static __always_inline u32 sock_netns(const struct sock *sk) {
+    return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 }
 
-static __always_inline bool netns_watched(u32 netns) {
-#ifdef NETNS_INUM
-    return netns == NETNS_INUM;
-#else
-    return true;
-#endif
+static __always_inline int netns_watched(u32 netns) {
+    return netns == netns_inum;
 }
 
 // The head of an event about the current task. `netns` is passed in: the caller already read it.
@@ -86,13 +84,8 @@ static __always_inline void fill_head(struct event_head *head, u16 kind, u32 net
     head->netns = netns;
     head->ts_ns = bpf_ktime_get_ns();
     head->cgroup_id = bpf_get_current_cgroup_id();
-#ifdef TASK_GROUP_LEADER_OFFSET
     // The thread's own comm would name libzmq's I/O thread ("ZMQbg/IO/0"), not the program.
-    char *task = (char *)bpf_get_current_task();
-    char *leader = NULL;
-    bpf_probe_read_kernel(&leader, sizeof(leader), task + TASK_GROUP_LEADER_OFFSET);
-    bpf_probe_read_kernel(&head->comm, sizeof(head->comm), leader + TASK_COMM_OFFSET);
-#else
-    bpf_get_current_comm(&head->comm, sizeof(head->comm));
-#endif
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    struct task_struct *leader = BPF_CORE_READ(task, group_leader);
+    bpf_core_read(&head->comm, sizeof(head->comm), &leader->comm);
 }

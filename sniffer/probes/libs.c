@@ -8,15 +8,14 @@
 // list (struct r_debug -> struct link_map chain, <link.h>) holds every object loaded: the probe reports the
 // ones after the last it reported in that process.
 //
-// -D LDSO_DEBUG_STATE_ADDR, LDSO_R_DEBUG_ADDR: the two symbols' addresses in the loader's file (absent: no
-// loader hook; the daemon says so).
+// ldso_debug_state_addr, ldso_r_debug_addr (set at load): the two symbols' addresses in the loader's file (the
+// daemon attaches the hook only where it found them, and says so where it did not).
 struct lib_event {
     struct event_head head;
     char path[LIB_PATH_BYTES];     // the object's name in the loader's list (l_name): the path it was loaded from
 };
-_Static_assert(sizeof(struct lib_event) == LIB_EVENT_BYTES, "lib_event differs from sniffer/events.py");
+_Static_assert(sizeof(struct lib_event) == LIB_EVENT_BYTES, "lib_event differs from probe_events.py");
 
-#ifdef LDSO_DEBUG_STATE_ADDR
 #define RT_CONSISTENT 0
 #define R_DEBUG_MAP_OFFSET 8       // struct r_debug { int r_version; struct link_map *r_map; ElfW(Addr) r_brk;
 #define R_DEBUG_STATE_OFFSET 24    //                  enum { RT_CONSISTENT, RT_ADD, RT_DELETE } r_state; ... }
@@ -25,7 +24,15 @@ _Static_assert(sizeof(struct lib_event) == LIB_EVENT_BYTES, "lib_event differs f
 #define LOADED_WALK_MAX 1024       // objects a process may have loaded
 #define LOADED_REPORT_MAX 64       // objects reported per change (the next change reports the rest)
 
-BPF_TABLE("lru_hash", u32, u64, loaded_reported, 16384);     // process -> link_map of the last object reported
+const volatile u64 ldso_debug_state_addr = 0;
+const volatile u64 ldso_r_debug_addr = 0;
+
+struct {                                   // process -> link_map of the last object reported
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u32);
+    __type(value, u64);
+} loaded_reported SEC(".maps");
 
 static __always_inline u64 read_user_pointer(u64 address) {
     u64 value = 0;
@@ -33,17 +40,18 @@ static __always_inline u64 read_user_pointer(u64 address) {
     return value;
 }
 
+SEC("uprobe")
 int ldso_debug_state(struct pt_regs *ctx) {
     u32 netns = task_netns();
     if (!netns_watched(netns))
         return 0;
-    u64 r_debug = PT_REGS_IP(ctx) - LDSO_DEBUG_STATE_ADDR + LDSO_R_DEBUG_ADDR;
+    u64 r_debug = PT_REGS_IP(ctx) - ldso_debug_state_addr + ldso_r_debug_addr;
     int state = -1;
     bpf_probe_read_user(&state, sizeof(state), (void *)(r_debug + R_DEBUG_STATE_OFFSET));
     if (state != RT_CONSISTENT)
         return 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u64 *last = loaded_reported.lookup(&tgid);
+    u64 *last = bpf_map_lookup_elem(&loaded_reported, &tgid);
     u64 reported = last ? *last : 0;
     u64 object = read_user_pointer(r_debug + R_DEBUG_MAP_OFFSET);
     // Past the last object reported (not found, after a dlclose: from the start; the daemon drops repeats).
@@ -62,7 +70,7 @@ int ldso_debug_state(struct pt_regs *ctx) {
         u64 name = read_user_pointer(object + LINK_MAP_NAME_OFFSET);
         reported = object;
         object = read_user_pointer(object + LINK_MAP_NEXT_OFFSET);
-        struct lib_event *event = events.ringbuf_reserve(sizeof(struct lib_event));
+        struct lib_event *event = bpf_ringbuf_reserve(&events, sizeof(struct lib_event), 0);
         if (!event) {
             count_lost(KIND_LIB_OPEN);
             break;
@@ -70,14 +78,13 @@ int ldso_debug_state(struct pt_regs *ctx) {
         __builtin_memset(event, 0, sizeof(*event));
         long length = bpf_probe_read_user_str(event->path, sizeof(event->path), (void *)name);
         if (length <= 1) {                           // the program itself, the vDSO: no file name
-            events.ringbuf_discard(event, BPF_RB_NO_WAKEUP);
+            bpf_ringbuf_discard(event, BPF_RB_NO_WAKEUP);
             continue;
         }
         fill_head(&event->head, KIND_LIB_OPEN, netns);
-        events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+        bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     }
     if (reported)
-        loaded_reported.update(&tgid, &reported);
+        bpf_map_update_elem(&loaded_reported, &tgid, &reported, BPF_ANY);
     return 0;
 }
-#endif

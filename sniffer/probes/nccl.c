@@ -17,7 +17,7 @@ struct nccl_event {
     u16 function;          // NCCL_FN_*
     u16 reserved;
 };
-_Static_assert(sizeof(struct nccl_event) == NCCL_EVENT_BYTES, "nccl_event differs from sniffer/events.py");
+_Static_assert(sizeof(struct nccl_event) == NCCL_EVENT_BYTES, "nccl_event differs from probe_events.py");
 
 // ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank): the 128-byte id is passed
 // in memory, so `rank` is the third register argument. The communicator exists once the call returns.
@@ -29,7 +29,7 @@ struct nccl_comm_event {
     s32 result;            // ncclResult_t
     u32 reserved;
 };
-_Static_assert(sizeof(struct nccl_comm_event) == NCCL_COMM_EVENT_BYTES, "nccl_comm_event differs from sniffer/events.py");
+_Static_assert(sizeof(struct nccl_comm_event) == NCCL_COMM_EVENT_BYTES, "nccl_comm_event differs from probe_events.py");
 
 struct nccl_init_call {
     u64 comm_out;
@@ -37,7 +37,13 @@ struct nccl_init_call {
     s32 rank;
     u32 netns;
 };
-BPF_HASH(nccl_init_calls, u64, struct nccl_init_call, 1024);
+
+struct {                                   // thread -> ncclCommInitRank call in progress
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, u64);
+    __type(value, struct nccl_init_call);
+} nccl_init_calls SEC(".maps");
 
 static __always_inline u64 stack_arg(struct pt_regs *ctx, int index) {
     u64 value = 0;
@@ -50,7 +56,7 @@ static __always_inline int nccl_call(u16 function, u64 sendbuff, u64 recvbuff, u
     u32 netns = task_netns();
     if (!netns_watched(netns))
         return 0;
-    struct nccl_event *event = events.ringbuf_reserve(sizeof(struct nccl_event));
+    struct nccl_event *event = bpf_ringbuf_reserve(&events, sizeof(struct nccl_event), 0);
     if (!event) {
         count_lost(KIND_NCCL_CALL);
         return 0;
@@ -66,29 +72,33 @@ static __always_inline int nccl_call(u16 function, u64 sendbuff, u64 recvbuff, u
     event->op = op;
     event->peer = peer;
     event->function = function;
-    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
 // (sendbuff, recvbuff, count, datatype, op, comm, stream)
+SEC("uprobe")
 int nccl_allreduce(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_ALLREDUCE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
                      PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1, PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
 }
 
 // (sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+SEC("uprobe")
 int nccl_reducescatter(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_REDUCESCATTER, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
                      PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), -1, PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
 }
 
 // (sendbuff, recvbuff, count, datatype, root, comm, stream)
+SEC("uprobe")
 int nccl_broadcast(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_BROADCAST, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
                      PT_REGS_PARM4(ctx), -1, PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stack_arg(ctx, 7));
 }
 
 // (sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+SEC("uprobe")
 int nccl_reduce(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_REDUCE, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
                      PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), stack_arg(ctx, 7),
@@ -96,39 +106,46 @@ int nccl_reduce(struct pt_regs *ctx) {
 }
 
 // (sendbuff, recvbuff, sendcount, datatype, comm, stream)
+SEC("uprobe")
 int nccl_allgather(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_ALLGATHER, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
                      PT_REGS_PARM4(ctx), -1, -1, PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
 }
 
 // ncclBcast(buff, count, datatype, root, comm, stream): in place
+SEC("uprobe")
 int nccl_bcast(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_BCAST, PT_REGS_PARM1(ctx), PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx),
                      PT_REGS_PARM3(ctx), -1, PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
 }
 
 // ncclSend(sendbuff, count, datatype, peer, comm, stream)
+SEC("uprobe")
 int nccl_send(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_SEND, PT_REGS_PARM1(ctx), 0, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), -1,
                      PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
 }
 
 // ncclRecv(recvbuff, count, datatype, peer, comm, stream)
+SEC("uprobe")
 int nccl_recv(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_RECV, 0, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx), -1,
                      PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx));
 }
 
 // ncclGroupStart() / ncclGroupEnd(): the calls between them form one fused operation
+SEC("uprobe")
 int nccl_groupstart(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_GROUPSTART, 0, 0, 0, -1, -1, -1, 0, 0);
 }
 
+SEC("uprobe")
 int nccl_groupend(struct pt_regs *ctx) {
     return nccl_call(NCCL_FN_GROUPEND, 0, 0, 0, -1, -1, -1, 0, 0);
 }
 
 // ncclCommInitRank(comm *, nranks, commId, rank) and ncclCommInitRankConfig(comm *, nranks, commId, rank, config)
+SEC("uprobe")
 int nccl_comm_init_enter(struct pt_regs *ctx) {
     u32 netns = task_netns();
     if (!netns_watched(netns))
@@ -136,18 +153,19 @@ int nccl_comm_init_enter(struct pt_regs *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     struct nccl_init_call call = {.comm_out = PT_REGS_PARM1(ctx), .nranks = PT_REGS_PARM2(ctx),
                                   .rank = PT_REGS_PARM3(ctx), .netns = netns};
-    nccl_init_calls.update(&pid_tgid, &call);
+    bpf_map_update_elem(&nccl_init_calls, &pid_tgid, &call, BPF_ANY);
     return 0;
 }
 
+SEC("uprobe")
 int nccl_comm_init_return(struct pt_regs *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
-    struct nccl_init_call *found = nccl_init_calls.lookup(&pid_tgid);
+    struct nccl_init_call *found = bpf_map_lookup_elem(&nccl_init_calls, &pid_tgid);
     if (!found)
         return 0;
     struct nccl_init_call call = *found;
-    nccl_init_calls.delete(&pid_tgid);
-    struct nccl_comm_event *event = events.ringbuf_reserve(sizeof(struct nccl_comm_event));
+    bpf_map_delete_elem(&nccl_init_calls, &pid_tgid);
+    struct nccl_comm_event *event = bpf_ringbuf_reserve(&events, sizeof(struct nccl_comm_event), 0);
     if (!event) {
         count_lost(KIND_NCCL_COMM_INIT);
         return 0;
@@ -158,6 +176,6 @@ int nccl_comm_init_return(struct pt_regs *ctx) {
     event->nranks = call.nranks;
     event->rank = call.rank;
     event->result = (int)PT_REGS_RC(ctx);
-    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }

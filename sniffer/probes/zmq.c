@@ -25,7 +25,7 @@ struct zmq_event {
     u8 more;               // 1: more frames follow, 0: last frame, 255: not known
     u8 reserved;
 };
-_Static_assert(sizeof(struct zmq_event) == ZMQ_EVENT_BYTES, "zmq_event differs from sniffer/events.py");
+_Static_assert(sizeof(struct zmq_event) == ZMQ_EVENT_BYTES, "zmq_event differs from probe_events.py");
 
 struct zmq_call {
     u64 ts_ns;
@@ -35,7 +35,13 @@ struct zmq_call {
     u32 netns;
     u16 function;
 };
-BPF_HASH(zmq_calls, u64, struct zmq_call, 16384);     // thread -> call in progress
+
+struct {                                   // thread -> call in progress
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);
+    __type(value, struct zmq_call);
+} zmq_calls SEC(".maps");
 
 static __always_inline int zmq_enter(u16 function, u64 socket, u64 msg, s32 flags) {
     u32 netns = task_netns();
@@ -44,21 +50,21 @@ static __always_inline int zmq_enter(u16 function, u64 socket, u64 msg, s32 flag
     u64 pid_tgid = bpf_get_current_pid_tgid();
     struct zmq_call call = {.ts_ns = bpf_ktime_get_ns(), .socket = socket, .msg = msg, .flags = flags,
                             .netns = netns, .function = function};
-    zmq_calls.update(&pid_tgid, &call);
+    bpf_map_update_elem(&zmq_calls, &pid_tgid, &call, BPF_ANY);
     return 0;
 }
 
 static __always_inline int zmq_exit(struct pt_regs *ctx, u16 kind) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
-    struct zmq_call *call = zmq_calls.lookup(&pid_tgid);
+    struct zmq_call *call = bpf_map_lookup_elem(&zmq_calls, &pid_tgid);
     if (!call)
         return 0;
     struct zmq_call done = *call;
-    zmq_calls.delete(&pid_tgid);
+    bpf_map_delete_elem(&zmq_calls, &pid_tgid);
     s64 size = (int)PT_REGS_RC(ctx);
     if (size < 0)
         return 0;
-    struct zmq_event *event = events.ringbuf_reserve(sizeof(struct zmq_event));
+    struct zmq_event *event = bpf_ringbuf_reserve(&events, sizeof(struct zmq_event), 0);
     if (!event) {
         count_lost(kind);
         return 0;
@@ -83,7 +89,7 @@ static __always_inline int zmq_exit(struct pt_regs *ctx, u16 kind) {
     } else {
         event->more = 255;     // zmq_recv copies into a buffer: the flag stays inside libzmq
     }
-    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
@@ -118,7 +124,7 @@ static __always_inline int zmq_sent(u16 function, u64 socket, u64 msg, s64 size,
     u32 netns = task_netns();
     if (!netns_watched(netns))
         return 0;
-    struct zmq_event *event = events.ringbuf_reserve(sizeof(struct zmq_event));
+    struct zmq_event *event = bpf_ringbuf_reserve(&events, sizeof(struct zmq_event), 0);
     if (!event) {
         count_lost(KIND_ZMQ_SEND);
         return 0;
@@ -132,40 +138,48 @@ static __always_inline int zmq_sent(u16 function, u64 socket, u64 msg, s64 size,
     event->flags = flags;
     event->function = function;
     event->more = (flags & ZMQ_SNDMORE_FLAG) ? 1 : 0;
-    events.ringbuf_submit(event, BPF_RB_NO_WAKEUP);
+    bpf_ringbuf_submit(event, BPF_RB_NO_WAKEUP);
     return 0;
 }
 
+SEC("uprobe")
 int zmq_msg_send_sent(struct pt_regs *ctx) {
     return zmq_sent(ZMQ_FN_MSG_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), zmq_msg_size_at_entry(PT_REGS_PARM1(ctx)),
                     (s32)PT_REGS_PARM3(ctx));
 }
 
+SEC("uprobe")
 int zmq_send_sent(struct pt_regs *ctx) {
     return zmq_sent(ZMQ_FN_SEND, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s64)PT_REGS_PARM3(ctx),
                     (s32)PT_REGS_PARM4(ctx));
 }
 
+SEC("uprobe")
 int zmq_msg_send_enter(struct pt_regs *ctx) {
     return zmq_enter(ZMQ_FN_MSG_SEND, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM3(ctx));
 }
 
+SEC("uprobe")
 int zmq_msg_recv_enter(struct pt_regs *ctx) {
     return zmq_enter(ZMQ_FN_MSG_RECV, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM3(ctx));
 }
 
+SEC("uprobe")
 int zmq_send_enter(struct pt_regs *ctx) {
     return zmq_enter(ZMQ_FN_SEND, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s32)PT_REGS_PARM4(ctx));
 }
 
+SEC("uprobe")
 int zmq_recv_enter(struct pt_regs *ctx) {
     return zmq_enter(ZMQ_FN_RECV, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), (s32)PT_REGS_PARM4(ctx));
 }
 
+SEC("uprobe")
 int zmq_send_return(struct pt_regs *ctx) {
     return zmq_exit(ctx, KIND_ZMQ_SEND);
 }
 
+SEC("uprobe")
 int zmq_recv_return(struct pt_regs *ctx) {
     return zmq_exit(ctx, KIND_ZMQ_RECV);
 }

@@ -6,13 +6,15 @@
 // read). Its return value is the number of bytes the packet socket keeps: 0 drops the packet, the packet's
 // length keeps it whole. The wire length in the pcap record stays the packet's length.
 //
-// Plain BPF C for clang's BPF target, loaded by libbpf (sniffer/snap_filter.py), with these -D flags:
-//   SNAP_LINK_HEADER_LEN    bytes before the network header in what the socket sees (cooked: 0, Ethernet: 14)
+// Plain BPF C for clang's BPF target, built once (sniffer/bpf_objects.py, by `make setup`) with these -D flags:
 //   SNAP_KEPT_FIRST_FRAMES  a message's first data frames whose bodies are always kept (ZMTP_KEPT_BODIES)
 //   SNAP_KEPT_BODY_MAX      later data frames keep their body up to this size (ZMTP_KEPT_BODIES)
-//   SNAP_PORT_WANTED(port)  (with --ports) true for the TCP ports to capture: other packets are dropped
 //   SNAP_STORE_CHUNKS       chunks of SNAP_CHUNK_BYTES for bytes past holes, all flows together
 //   SNAP_WAIT_LIMIT         bytes past a hole one flow may store while it waits
+// and loaded by libbpf (sniffer/snap_filter.py) with the run's choices as read-only data, known to the verifier:
+//   snap_link_header_len    bytes before the network header in what the socket sees (cooked: 0, Ethernet: 14)
+//   snap_ports_filtered     (--ports) 1: other TCP ports, and other packets, are dropped
+//   snap_ports_wanted       (--ports) a bit per TCP port: the ports to capture
 //
 // Per TCP direction the filter follows the ZMTP 3.x framing by sequence number, from the SYN on, one frame
 // per bpf_loop() step. Packets of a flow can reach the socket out of order (on veth pairs, packets of one
@@ -33,6 +35,8 @@
 #include <linux/if_packet.h>
 #include <linux/in.h>
 #include <linux/types.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
 
 typedef __u8 u8;
 typedef __u16 u16;
@@ -40,22 +44,6 @@ typedef __u32 u32;
 typedef __s32 s32;
 typedef __u64 u64;
 
-// What libbpf's bpf_helpers.h would give: map definitions libbpf reads from BTF, and the helpers used.
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, value) int (*name)[value]
-#define __type(name, type) typeof(type) *name
-#undef __always_inline
-#define __always_inline inline __attribute__((always_inline))
-static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
-static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, u64 flags) =
-    (void *)BPF_FUNC_map_update_elem;
-static long (*bpf_skb_load_bytes)(const void *skb, u32 offset, void *to, u32 len) = (void *)BPF_FUNC_skb_load_bytes;
-static long (*bpf_loop)(u32 nr_loops, void *callback, void *callback_ctx, u64 flags) = (void *)BPF_FUNC_loop;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define snap_htons(value) __builtin_bswap16(value)
-#else
-#define snap_htons(value) (value)
-#endif
 
 #define SNAP_WHOLE 0xFFFFFFFFu
 #define SNAP_LOOPBACK_IFINDEX 1            // every namespace's lo (net/core/dev.c LOOPBACK_IFINDEX)
@@ -72,6 +60,14 @@ static long (*bpf_loop)(u32 nr_loops, void *callback, void *callback_ctx, u64 fl
 #define ZMTP_FLAG_COMMAND 0x04
 #define ZMTP_FLAGS_DEFINED (ZMTP_FLAG_MORE | ZMTP_FLAG_LONG | ZMTP_FLAG_COMMAND)
 #define TCP_FLAG_SYN 0x02
+
+const volatile u32 snap_link_header_len = 0;
+const volatile u32 snap_ports_filtered = 0;
+const volatile u8 snap_ports_wanted[65536 / 8] = {};
+
+static __always_inline int snap_port_wanted(u16 port) {
+    return (snap_ports_wanted[port >> 3] >> (port & 7)) & 1;
+}
 
 // snap_counts, in sniffer/snap_filter.py SNAP_COUNTERS order
 enum snap_counter { SNAP_PACKETS_CUT, SNAP_BYTES_CUT, SNAP_FULL_FLOWS, SNAP_WAITS, SNAP_RESUMED, SNAP_COUNTER_COUNT };
@@ -126,6 +122,7 @@ struct snap_walk_state {
     u32 from;                              // copy: packet offset
     u32 to;                                // copy: offset from ahead_base
     u32 left;                              // copy: bytes still to store
+    u32 kept[SNAP_AHEAD_RANGES][2];        // adding a stored range: the ranges it does not touch, in order
 };
 
 struct {
@@ -418,42 +415,64 @@ static long snap_copy_step(u32 index, void *ctx) {
     return 0;
 }
 
-// Note [start, end) as stored: merged with the ranges it touches; 0 when there is no slot left.
-static __always_inline int snap_add_range(struct snap_flow *flow, u32 start, u32 end) {
-    u32 count = flow->range_count;
-    // Ranges are few: take them out one by one, merging what touches, and put the merged one back in order.
-    u32 kept[SNAP_AHEAD_RANGES][2] = {};
-    u32 kept_count = 0;
-    for (u32 i = 0; i < SNAP_AHEAD_RANGES; i++) {
-        if (i >= count)
-            break;
-        u32 range_start = flow->ranges[i][0], range_end = flow->ranges[i][1];
-        if (range_end < start || range_start > end) {
-            kept[kept_count & (SNAP_AHEAD_RANGES - 1)][0] = range_start;
-            kept[kept_count & (SNAP_AHEAD_RANGES - 1)][1] = range_end;
-            kept_count++;
-        } else {
-            start = range_start < start ? range_start : start;
-            end = range_end > end ? range_end : end;
-        }
+// Noting [start, end) as stored: merged with the ranges it touches. Ranges are few: they are taken out one by
+// one (the ones it does not touch kept aside, in order, the ones it touches merged into it), then put back with
+// the merged one in its place: a bpf_loop step per range each time, so that the verifier goes through a step
+// once, not once per range.
+struct snap_merge {
+    struct snap_flow *flow;
+    struct snap_walk_state *state;
+    u32 start;
+    u32 end;
+    u32 kept_count;
+    u32 placed;
+};
+
+static long snap_take_range_step(u32 index, void *ctx) {
+    struct snap_merge *merge = ctx;
+    struct snap_flow *flow = merge->flow;
+    if (index >= flow->range_count)
+        return 1;
+    u32 range_start = flow->ranges[index & (SNAP_AHEAD_RANGES - 1)][0];
+    u32 range_end = flow->ranges[index & (SNAP_AHEAD_RANGES - 1)][1];
+    if (range_end < merge->start || range_start > merge->end) {
+        u32 at = merge->kept_count & (SNAP_AHEAD_RANGES - 1);
+        merge->state->kept[at][0] = range_start;
+        merge->state->kept[at][1] = range_end;
+        merge->kept_count++;
+    } else {
+        merge->start = range_start < merge->start ? range_start : merge->start;
+        merge->end = range_end > merge->end ? range_end : merge->end;
     }
-    if (kept_count >= SNAP_AHEAD_RANGES)
+    return 0;
+}
+
+static long snap_put_range_step(u32 index, void *ctx) {
+    struct snap_merge *merge = ctx;
+    struct snap_flow *flow = merge->flow;
+    if (index > merge->kept_count)
+        return 1;
+    u32 at = index & (SNAP_AHEAD_RANGES - 1);
+    if (!merge->placed && (index == merge->kept_count || merge->state->kept[at][0] > merge->end)) {
+        flow->ranges[at][0] = merge->start;
+        flow->ranges[at][1] = merge->end;
+        merge->placed = 1;
+    } else {
+        u32 from = (index - merge->placed) & (SNAP_AHEAD_RANGES - 1);
+        flow->ranges[at][0] = merge->state->kept[from][0];
+        flow->ranges[at][1] = merge->state->kept[from][1];
+    }
+    return 0;
+}
+
+// 0 when there is no slot left.
+static __always_inline int snap_add_range(struct snap_flow *flow, struct snap_walk_state *state, u32 start, u32 end) {
+    struct snap_merge merge = {.flow = flow, .state = state, .start = start, .end = end};
+    bpf_loop(SNAP_AHEAD_RANGES, snap_take_range_step, &merge, 0);
+    if (merge.kept_count >= SNAP_AHEAD_RANGES)
         return 0;
-    u32 placed = 0;
-    for (u32 i = 0; i < SNAP_AHEAD_RANGES; i++) {
-        if (i > kept_count)
-            break;
-        if (!placed && (i == kept_count || kept[i & (SNAP_AHEAD_RANGES - 1)][0] > end)) {
-            flow->ranges[i][0] = start;
-            flow->ranges[i][1] = end;
-            placed = 1;
-        } else {
-            u32 from = (i - placed) & (SNAP_AHEAD_RANGES - 1);
-            flow->ranges[i][0] = kept[from][0];
-            flow->ranges[i][1] = kept[from][1];
-        }
-    }
-    flow->range_count = kept_count + 1;
+    bpf_loop(SNAP_AHEAD_RANGES, snap_put_range_step, &merge, 0);
+    flow->range_count = merge.kept_count + 1;
     return 1;
 }
 
@@ -489,7 +508,7 @@ static __always_inline u32 snap_wait_past_hole(struct __sk_buff *skb, struct sna
         struct snap_walk walk = {.skb = skb, .flow = flow, .state = state};
         // a step per SNAP_COPY_BYTES, and one more per chunk the packet touches
         bpf_loop(SNAP_PACKET_MAX / SNAP_COPY_BYTES + SNAP_PACKET_MAX / SNAP_CHUNK_BYTES + 2, snap_copy_step, &walk, 0);
-        if (state->left == 0 && snap_add_range(flow, start, end))
+        if (state->left == 0 && snap_add_range(flow, state, start, end))
             return SNAP_WHOLE;
     }
     if (!flow->unstored || (s32)(seq - flow->unstored_from) < 0)
@@ -502,33 +521,50 @@ static __always_inline u32 snap_wait_past_hole(struct __sk_buff *skb, struct sna
 
 // After the followed position moved: on through the stored bytes as far as they reach, and past holes that
 // lie inside a body. Ends the wait once everything kept whole past the hole is behind.
-static __always_inline void snap_wait_resume(struct snap_flow_key *key, struct snap_flow *flow) {
-    // each turn drops a range or the unstored bytes, or stops
-    for (u32 turn = 0; turn < SNAP_AHEAD_RANGES + 2; turn++) {
-        if (flow->phase == SNAP_FULL)
-            break;
-        if (flow->unstored && (s32)(flow->next_seq - flow->unstored_from) >= 0) {
-            // at bytes that went by unstored: passed over only inside a body
-            if ((s32)(flow->unstored_to - flow->next_seq) > 0 &&
-                !snap_skip_body(flow, flow->unstored_to - flow->next_seq)) {
-                snap_mark_full(flow);
-                break;
-            }
-            flow->unstored = 0;
-            continue;
+struct snap_resume {
+    struct snap_flow_key *key;
+    struct snap_flow *flow;
+    u32 hole_open;                               // a hole still open before the next range
+};
+
+// One bpf_loop turn of resuming: drops a range or the unstored bytes, or stops (returns 1). A callback of its
+// own, so that the verifier goes through a turn once, not once per turn.
+static long snap_resume_step(u32 index, void *ctx) {
+    struct snap_resume *resume = ctx;
+    struct snap_flow *flow = resume->flow;
+    if (flow->phase == SNAP_FULL)
+        return 1;
+    if (flow->unstored && (s32)(flow->next_seq - flow->unstored_from) >= 0) {
+        // at bytes that went by unstored: passed over only inside a body
+        if ((s32)(flow->unstored_to - flow->next_seq) > 0 &&
+            !snap_skip_body(flow, flow->unstored_to - flow->next_seq)) {
+            snap_mark_full(flow);
+            return 1;
         }
-        if (flow->range_count == 0)
-            break;
-        u32 position = flow->next_seq - flow->ahead_base;
-        u32 start = flow->ranges[0][0], end = flow->ranges[0][1];
-        if ((s32)(end - position) > 0) {
-            if ((s32)(start - position) > 0 && !snap_skip_body(flow, start - position))
-                return;                              // a hole still open before this range
-            snap_walk_store(key, flow, flow->next_seq - flow->ahead_base, end);
-            flow->next_seq = flow->ahead_base + end;
-        }
-        snap_drop_first_range(flow);
+        flow->unstored = 0;
+        return 0;
     }
+    if (flow->range_count == 0)
+        return 1;
+    u32 position = flow->next_seq - flow->ahead_base;
+    u32 start = flow->ranges[0][0], end = flow->ranges[0][1];
+    if ((s32)(end - position) > 0) {
+        if ((s32)(start - position) > 0 && !snap_skip_body(flow, start - position)) {
+            resume->hole_open = 1;
+            return 1;
+        }
+        snap_walk_store(resume->key, flow, flow->next_seq - flow->ahead_base, end);
+        flow->next_seq = flow->ahead_base + end;
+    }
+    snap_drop_first_range(flow);
+    return 0;
+}
+
+static __always_inline void snap_wait_resume(struct snap_flow_key *key, struct snap_flow *flow) {
+    struct snap_resume resume = {.key = key, .flow = flow};
+    bpf_loop(SNAP_AHEAD_RANGES + 2, snap_resume_step, &resume, 0);
+    if (resume.hole_open)
+        return;
     if (flow->phase != SNAP_FULL) {
         if (flow->range_count || flow->unstored)
             return;                                  // bytes before the unstored ones are still to come
@@ -557,7 +593,14 @@ static __always_inline u32 snap_follow(struct __sk_buff *skb, struct snap_flow_k
     }
     if (ahead > 0)
         return snap_wait_past_hole(skb, key, flow, seq, payload_at, payload_bytes);
-    // The packet holds the followed position (ahead <= 0): walk it from there.
+    // The packet holds the followed position (ahead <= 0): walk it from there. Most packets of a job lie
+    // inside one large body: they are passed over by arithmetic, without a walk.
+    if (ahead == 0 && !flow->waiting && (flow->phase == SNAP_BODY_KEEP || flow->phase == SNAP_BODY_SKIP) &&
+        flow->remaining_bytes >= payload_bytes) {
+        u32 keep = flow->phase == SNAP_BODY_SKIP ? payload_at : end;    // as the walk would
+        snap_skip_body(flow, payload_bytes);
+        return keep;
+    }
     u32 keep = snap_walk_packet(skb, flow, payload_at - ahead, end, payload_at);
     flow->next_seq = seq + payload_bytes;
     if (flow->waiting) {
@@ -589,10 +632,8 @@ static __always_inline u32 snap_tcp(struct __sk_buff *skb, struct snap_flow_key 
         return SNAP_WHOLE;
     key->src_port = ((u16)tcp[0] << 8) | tcp[1];
     key->dst_port = ((u16)tcp[2] << 8) | tcp[3];
-#ifdef SNAP_PORT_WANTED
-    if (!SNAP_PORT_WANTED(key->src_port) && !SNAP_PORT_WANTED(key->dst_port))
+    if (snap_ports_filtered && !snap_port_wanted(key->src_port) && !snap_port_wanted(key->dst_port))
         return 0;
-#endif
     u32 seq = ((u32)tcp[4] << 24) | ((u32)tcp[5] << 16) | ((u32)tcp[6] << 8) | tcp[7];
     u32 payload_at = tcp_at + (tcp[12] >> 4) * 4;
     u8 flags = tcp[13];
@@ -615,9 +656,11 @@ static __always_inline u32 snap_tcp(struct __sk_buff *skb, struct snap_flow_key 
     }
     if (flow->phase == SNAP_FULL)
         return SNAP_WHOLE;
-    // One CPU at a time: another one holds the flow while it walks a packet or what it stored.
-    struct snap_lock lock = {.flow = flow};
-    bpf_loop(SNAP_LOCK_TRIES, snap_lock_step, &lock, 0);
+    // One CPU at a time: another one holds the flow while it walks a packet or what it stored (mostly free:
+    // tried once before the loop of tries).
+    struct snap_lock lock = {.flow = flow, .taken = __sync_val_compare_and_swap(&flow->busy, 0, 1) == 0};
+    if (!lock.taken)
+        bpf_loop(SNAP_LOCK_TRIES, snap_lock_step, &lock, 0);
     if (!lock.taken)
         return snap_mark_full(flow);       // this packet is kept whole and its bytes were not followed
     u32 keep = flow->phase == SNAP_FULL ? SNAP_WHOLE : snap_follow(skb, key, flow, seq, payload_at, end);
@@ -632,12 +675,9 @@ int zmtp_snap(struct __sk_buff *skb) {
     if (skb->pkt_type == PACKET_OUTGOING && skb->ifindex == SNAP_LOOPBACK_IFINDEX)
         return 0;
     struct snap_flow_key key = {};
-    u32 net_at = SNAP_LINK_HEADER_LEN, tcp_at, end;
-    u32 whole_or_drop = SNAP_WHOLE;
-#ifdef SNAP_PORT_WANTED
-    whole_or_drop = 0;                               // --ports: only TCP on those ports
-#endif
-    if (skb->protocol == snap_htons(ETH_P_IP)) {
+    u32 net_at = snap_link_header_len, tcp_at, end;
+    u32 whole_or_drop = snap_ports_filtered ? 0 : SNAP_WHOLE;     // --ports: only TCP on those ports
+    if (skb->protocol == bpf_htons(ETH_P_IP)) {
         u8 ip[20];
         if (bpf_skb_load_bytes(skb, net_at, ip, sizeof(ip)) || ip[9] != IPPROTO_TCP)
             return whole_or_drop;
@@ -648,7 +688,7 @@ int zmtp_snap(struct __sk_buff *skb) {
         key.family = 4;
         __builtin_memcpy(key.src_addr, ip + 12, 4);
         __builtin_memcpy(key.dst_addr, ip + 16, 4);
-    } else if (skb->protocol == snap_htons(ETH_P_IPV6)) {
+    } else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
         u8 ip[40];
         if (bpf_skb_load_bytes(skb, net_at, ip, sizeof(ip)) || ip[6] != IPPROTO_TCP)
             return whole_or_drop;                    // extension headers: not followed

@@ -1,4 +1,4 @@
-"""Collective statistics (analysis.collectives) and their place in `stats` and `report`.
+"""Collective statistics (analysis.collective_stats) and their place in `stats` and `report`.
 
 Ground truth: the real 4-rank PyTorch Gloo job (pcaps/gloo) and each rank's own record of its operations
 (rank<k>.json: kind, Gloo tags, bytes, and the call and return times on the host clock the captures share).
@@ -24,13 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dlcsniff.analysis import collective_statistics, collective_statistics_of, load_collectives
+from dlcsniff.analysis import collective_statistics, collective_statistics_of, load_collectives, load_job_model
 from dlcsniff.analysis.collective_stats import (
     OPERATION_COLUMNS, RANK_COLUMNS, SEND_RECV, bus_factor, collective_traffic, communication_overlap, concurrency,
     volume_matrix,
 )
 from dlcsniff.analysis.load import CollectiveDataset
-from dlcsniff.analysis.summary import compute_stats, summary_json
+from dlcsniff.analysis.stats_graph import statistics
+from dlcsniff.analysis.summary import summary_json
 from dlcsniff.cli import app
 from tests.conftest import PCAPS
 
@@ -41,6 +42,10 @@ COLLECTIVE_TABLES = {"collective_stats", "collective_ranks", "collective_traffic
                      "collective_overlap"}
 PSLITE_TABLES = {"iterations", "keys", "sizes", "traffic", "volume_iterations", "volume_keys"}
 JOB_TABLES = {"requests", "in_flight", "connections", "key_updates"}
+# every job's network behaviour (analysis/network_behaviour.py), and its arrival lags' figure
+NETWORK_TABLES = {"arrivals", "arrival_spread", "link_health", "burstiness", "on_off", "incast", "size_distributions",
+                  "roce_paths", "roce_collectives"}
+NETWORK_FIGURES = {"arrival_lags"}
 # whatif: a job with training iterations gets the what-if curve (dlcsniff simulate on SimGrid)
 PSLITE_FIGURES = {"message_sizes", "iterations", "key_overheads", "traffic", "timeline", "whatif"}
 COLLECTIVE_FIGURES = {"collective_times", "collective_bandwidth", "collective_skew", "collective_matrix",
@@ -81,7 +86,7 @@ def raw_gloo_dir(gloo_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def stats(raw_gloo_dir):
-    return collective_statistics_of(raw_gloo_dir)
+    return collective_statistics_of(load_job_model(raw_gloo_dir))
 
 
 def test_aligned_times_stay_within_the_clocks_bounds(gloo_dir, stats):
@@ -90,7 +95,7 @@ def test_aligned_times_stay_within_the_clocks_bounds(gloo_dir, stats):
     clocks = pd.read_parquet(gloo_dir / "clocks.parquet").set_index("capture")
     assert clocks["aligned"].all() and (clocks["reference"] == "rank0").all() and clocks["consistent"].all()
     assert (clocks.drop("rank0")["messages_used"] > 100).all()
-    aligned = collective_statistics_of(gloo_dir)
+    aligned = collective_statistics_of(load_job_model(gloo_dir))
     assert aligned.summary["clock"]["aligned"] == [f"rank{r}" for r in RANKS]
     both = aligned.ranks.merge(stats.ranks, on=["op", "rank"], suffixes=("", "_raw"))
     assert len(both) == len(stats.ranks) == len(aligned.ranks)
@@ -375,7 +380,7 @@ def test_what_a_capture_cannot_tell_stays_unknown():
     assert stats.ranks["rank"].tolist() == [-1, 1, -1] and len(stats.traffic) == 0
     assert stats.summary["losses"] == {"incomplete_collectives": 1, "collectives_not_seen_at_every_rank": 1,
                                        "collective_messages_without_ranks": 0}
-    assert json.loads(summary_json(compute_stats(None, source="hand", collectives=stats)))["collectives"]
+    assert json.loads(summary_json(statistics("hand", trace=None, collectives=stats)))["collectives"]
 
 
 # -- stats and report ----------------------------------------------------------------------------------------
@@ -413,7 +418,7 @@ def test_stats_and_report_of_the_gloo_job(gloo_dir, tmp_path):
     summary = _stats(gloo_dir, tmp_path / "stats")
     written = {path.stem for path in (tmp_path / "stats").glob("*.parquet")}
     # of the merged view's tables only the connections: requests and key updates are ps-lite's
-    assert written == COLLECTIVE_TABLES | {"connections"} and "statistics" not in summary
+    assert written == COLLECTIVE_TABLES | {"connections"} | NETWORK_TABLES and "statistics" not in summary
     assert "latency" not in summary and summary["merge"]["events_seen_at_both_ends"] == summary["merge"]["events"]
     section = summary["collectives"]
     assert section["operations"] == 28 and section["ranks"] == RANKS
@@ -427,14 +432,14 @@ def test_stats_and_report_of_the_gloo_job(gloo_dir, tmp_path):
     terminal = invoke("stats", gloo_dir, "--out", tmp_path / "stats", "--force")
     assert terminal.exit_code == 0 and "all-to-all / all-reduce bytes" in terminal.stdout
     assert "SketchDLC" not in terminal.stdout and "busbw" in terminal.stdout
-    assert set(_report(gloo_dir, tmp_path / "report")) == COLLECTIVE_FIGURES
+    assert set(_report(gloo_dir, tmp_path / "report")) == COLLECTIVE_FIGURES | NETWORK_FIGURES
 
 
 def test_stats_and_report_of_a_ps_lite_job_have_no_collective_part(mxnet_dir, tmp_path):
     summary = _stats(mxnet_dir, tmp_path / "stats")
-    assert {path.stem for path in (tmp_path / "stats").glob("*.parquet")} == PSLITE_TABLES | JOB_TABLES
+    assert {path.stem for path in (tmp_path / "stats").glob("*.parquet")} == PSLITE_TABLES | JOB_TABLES | NETWORK_TABLES
     assert "collectives" not in summary and summary["iterations"]["total"] > 0
-    assert set(_report(mxnet_dir, tmp_path / "report")) == PSLITE_FIGURES
+    assert set(_report(mxnet_dir, tmp_path / "report")) == PSLITE_FIGURES | NETWORK_FIGURES
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +463,7 @@ def mixed_dir(gloo_dir, mxnet_dir, tmp_path_factory) -> Path:
 def test_stats_and_report_of_a_job_with_both(mixed_dir, stats, tmp_path):
     summary = _stats(mixed_dir, tmp_path / "stats")
     written = {path.stem for path in (tmp_path / "stats").glob("*.parquet")}
-    assert written == PSLITE_TABLES | JOB_TABLES | COLLECTIVE_TABLES
+    assert written == PSLITE_TABLES | JOB_TABLES | COLLECTIVE_TABLES | NETWORK_TABLES
     assert summary["iterations"]["total"] > 0 and summary["collectives"]["operations"] == 28
     assert summary["collectives"]["clock"]["aligned"] == [f"rank{r}" for r in RANKS]
     assert set(summary["losses"]) >= {"records", "incomplete_collectives"}
@@ -473,7 +478,7 @@ def test_stats_and_report_of_a_job_with_both(mixed_dir, stats, tmp_path):
     assert (operations.loc[shifted.index, "start_skew_ns"] == shifted).all()
     terminal = invoke("stats", mixed_dir, "--out", tmp_path / "stats", "--force")
     assert "SketchDLC figures" in terminal.stdout and "all-to-all / all-reduce bytes" in terminal.stdout
-    assert set(_report(mixed_dir, tmp_path / "report")) == PSLITE_FIGURES | COLLECTIVE_FIGURES
+    assert set(_report(mixed_dir, tmp_path / "report")) == PSLITE_FIGURES | COLLECTIVE_FIGURES | NETWORK_FIGURES
 
 
 def test_a_job_with_neither_is_a_one_line_error(gloo_dir, tmp_path):

@@ -41,7 +41,7 @@ def test_one_file_per_node_with_the_exact_header(synthetic_files):
         assert lines[:len(banner)] == banner                       # the banner comes first, then the header
         assert body[0] == DLC_HEADER
         assert all(len(line.split(" ")) == 12 for line in body[1:])
-        assert f"this node's own capture ({written.node})" in banner[1]
+        assert f"this node's own capture ({written.captures})" in banner[1]
         assert len(body) - 1 == written.records
 
 
@@ -65,7 +65,7 @@ def test_records_are_numbered_in_time_order_with_valid_fields(synthetic_files):
 
 def test_worker_trace_numbers_dependencies_and_times(synthetic_files):
     job, _, files, _ = synthetic_files
-    worker = read_dlc(next(f.path for f in files if f.node == "worker1"))
+    worker = read_dlc(next(f.path for f in files if f.node == "worker rank 1"))
     key = worker["OP_ID"].str.split("-").str[0].astype(int)
     op_num = worker["OP_ID"].str.split("-").str[1].astype(int)
     receipts = worker[worker["Operation"] == "Pull_Recv_Worker"]
@@ -92,7 +92,7 @@ def test_worker_trace_numbers_dependencies_and_times(synthetic_files):
 def test_sync_server_answers_depend_on_every_workers_push(synthetic_files):
     job, trace, files, _ = synthetic_files
     assert trace.mode == "sync"
-    server = read_dlc(next(f.path for f in files if f.node == "server0"))
+    server = read_dlc(next(f.path for f in files if f.node == "server rank 0"))
     answers = server[server["Operation"] == ("Pull_Send_Server" if job.fused else "Push_Send_Server")]
     training = answers[answers["Dep_PP"] > 0]
     assert training["IDdep"].map(ID_LIST.match).notna().all()
@@ -117,7 +117,7 @@ def test_a_tensor_split_across_servers_gives_one_to_many_worker_dependencies(tmp
                 rows += exchange(capture, server_capture, stamp * 10_000_000 + (worker - 9) * 100_000, worker,
                                  server, stamp=stamp, key=7, push=push, pull=pull)
     files = write_dlc(build_records(dataset(rows)), tmp_path)
-    worker = read_dlc(next(f.path for f in files if f.node == "worker0"))
+    worker = read_dlc(next(f.path for f in files if f.node == "worker rank 0"))
     pushes = worker[worker["Operation"] == "Push_Send_Worker"]
     assert list(pushes["IDdep"]) == ["(7-3-s0,7-3-s1)"] * 2 + ["(7-7-s0,7-7-s1)"] * 2
     assert set(pushes["dep_Type"]) == {4}
@@ -128,11 +128,43 @@ def test_peers_vantage_and_unanswerable_records_are_said(tmp_path):
             + [row for row in exchange("w0", "s0", 1_000_000, W0, S0, stamp=2, key=0, push=True, pull=True)
                if not row["request"]])
     files = write_dlc(build_records(dataset(rows, without=("w0",))), tmp_path)
-    worker = next(f for f in files if f.node == "worker0")
+    worker = next(f for f in files if f.node == "worker rank 0")
     assert worker.vantage == "peers"
     banner = worker.path.read_text().splitlines()[1]
     assert banner == ("# vantage: its peers' captures (s0, sched); the dataset has no capture of this node, so times "
                       "are when the peers saw each message")
     table = read_dlc(worker.path)
-    assert list(table["OP_ID"]) == ["0-2-s0", "0-3-s0", "NA"]
-    assert list(table["Dep_PP"]) == [-15, -15, 0]
+    # the response whose request no capture saw is iteration 0's (its echoed flags and timestamp say it was a
+    # push-pull), but has nothing to depend on
+    assert list(table["OP_ID"]) == ["0-2-s0", "0-3-s0", "0-7-s0"]
+    assert list(table["Dep_PP"]) == [-15, -15, 2]
+    assert list(table["IDdep"]) == ["-1", "0-2-s0", "-1"]
+
+
+def test_nodes_and_captures_are_never_named_alike(decoded_job, tmp_path):
+    """mxnet_sync's worker0.pcap.gz holds ps-lite worker rank 1 (the scheduler ranks nodes by registration, as the
+    job's own record says): dlc's table and each file's banner name the node by role and rank, its capture by
+    its file, and no node is called what a capture is."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlcsniff.cli import app
+    from tests.conftest import PCAPS
+    from tests.support.groundtruth import load_job
+    result = CliRunner().invoke(app, ["dlc", str(decoded_job("mxnet_sync")), "--out", str(tmp_path / "dlc"), "--json"])
+    assert result.exit_code == 0, result.output
+    files = {entry["file"]: entry for entry in json.loads(result.stdout)["files"]}
+    # ground truth: the rank ps-lite gave each node (its PS_VERBOSE log), against the capture taken on it
+    for node in load_job(PCAPS / "mxnet_sync").nodes:
+        role, rank, capture = node["role"], node["rank"], node["name"]
+        if role == "scheduler":
+            continue
+        mine = files[f"{role}{rank}.txt"]
+        assert mine["node"] == f"{role} rank {rank}" and mine["captures"] == capture
+        banner = (tmp_path / "dlc" / f"{role}{rank}.txt").read_text().splitlines()[:2]
+        assert banner[0].startswith(f"# dlcsniff DLC trace of {role} rank {rank} (")
+        assert banner[1] == f"# vantage: this node's own capture ({capture}.pcap.gz)"
+    assert any(entry["node"].replace(" rank ", "") != entry["captures"] for entry in files.values())
+    table = CliRunner().invoke(app, ["dlc", str(decoded_job("mxnet_sync")), "--out", str(tmp_path / "again")])
+    assert "│ worker rank 1 │" in table.stdout and "own capture worker0.pcap.gz" in table.stdout

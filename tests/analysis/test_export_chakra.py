@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from dlcsniff.analysis import build_records, load_dataset
+from dlcsniff.analysis import build_records, load_dataset, load_job_model
 from dlcsniff.analysis.export_chakra import write_chakra_traces
 from dlcsniff.analysis.iterations import worker_iterations
 from dlcsniff.decoders.output import write_decode_output
@@ -66,7 +66,7 @@ def value(message, name):
 def exported(request, tmp_path_factory, decoded_job):
     root = tmp_path_factory.mktemp(request.param)
     decode_dir = decoded_job(request.param)
-    written = write_chakra_traces(decode_dir, root / "et")
+    written = write_chakra_traces(load_job_model(decode_dir), root / "et")
     files = {file.rank: read_et(file.path) for file in written.files}
     return load_job(PCAPS / request.param), decode_dir, written, files
 
@@ -125,7 +125,7 @@ def test_a_capture_that_stopped_early_leaves_out_the_messages_it_missed(tmp_path
     cut = capture_cut_before(job.capture_path("worker0"), cut_ns, tmp_path / "captures" / "worker0.pcap")
     captures = [job.capture_path(node["name"]) for node in job.nodes if node["name"] != "worker0"] + [cut]
     write_decode_output(decode_paths(captures), tmp_path / "decoded")
-    written = write_chakra_traces(tmp_path / "decoded", tmp_path / "et")
+    written = write_chakra_traces(load_job_model(tmp_path / "decoded"), tmp_path / "et")
     files = {file.rank: read_et(file.path) for file in written.files}
     check_sends_pair_with_receipts(files)
 
@@ -213,7 +213,7 @@ def _collective_job(tmp_path):
     decode_dir = tmp_path / "gloo_job"
     _write_empty_tables(decode_dir)
     ms = 1_000_000
-    rows = [  # local rank, kind, seq, first, last, tensor bytes, peers (decoders.collectives.COLUMNS)
+    rows = [  # local rank, kind, seq, first, last, tensor bytes, peers (decoders/schema.py: collectives)
         (0, "all_reduce", 0, 10 * ms, 12 * ms, 4 << 20, [1]), (1, "all_reduce", 0, 10 * ms, 12 * ms, 4 << 20, [0]),
         (0, "send", 7, 15 * ms, 16 * ms, 4096, [1]), (1, "recv", 7, 15 * ms, 16 * ms, 4096, [0]),
         (0, "all_to_all", 1, 20 * ms, 21 * ms, 1 << 16, [1]), (1, "all_to_all", 1, 20 * ms, 21 * ms, 1 << 16, [0]),
@@ -226,7 +226,7 @@ def _collective_job(tmp_path):
 
 
 def test_collectives_become_comm_coll_nodes_chained_through_computation(tmp_path):
-    written = write_chakra_traces(_collective_job(tmp_path), tmp_path / "et")
+    written = write_chakra_traces(load_job_model(_collective_job(tmp_path)), tmp_path / "et")
     files = {file.rank: read_et(file.path)[1] for file in written.files}
     assert sorted(files) == [0, 1]
     zero = files[0]

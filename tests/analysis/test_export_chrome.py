@@ -17,7 +17,7 @@ from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.job import decode_paths
 from dlcsniff.cli import app
 from tests.conftest import PCAPS, capture_cut_before
-from tests.support.chrome_trace import enclosing, open_trace, slices_nest
+from tests.support.chrome_trace import enclosing, ns, open_trace, slices_nest
 from tests.support.decoded import on_reference_clock
 from tests.support.groundtruth import load_job
 
@@ -40,10 +40,12 @@ def exported(request, tmp_path_factory, decoded_job):
 
 def test_every_track_is_named_and_its_slices_nest(exported):
     job, _, opened, _ = exported
-    # processes are named by ps-lite role and rank (the DLC trace's names), labelled with their capture
+    # processes are named by ps-lite role and rank, labelled with their capture's file (in mxnet_sync the file
+    # worker0.pcap.gz holds worker rank 1: no name is both a node's and a capture's)
     assert opened.process_names == {node["pslite_id"]: "scheduler" if node["role"] == "scheduler"
-                                    else f"{node['role']}{node['rank']}" for node in job.nodes}
-    assert opened.process_labels == {node["pslite_id"]: f"capture {node['name']}" for node in job.nodes}
+                                    else f"{node['role']} rank {node['rank']}" for node in job.nodes}
+    assert opened.process_labels == {node["pslite_id"]: f"capture {node['name']}.pcap.gz" for node in job.nodes}
+    assert not set(opened.process_names.values()) & {node["name"] for node in job.nodes} - {"scheduler"}
     used = set(opened.slices) | {(e["pid"], e["tid"]) for e in opened.instants}
     used |= {(e["pid"], e["tid"]) for flow in opened.flows.values() for e in flow.values()}
     assert used <= set(opened.thread_names) and {pid for pid, _ in used} <= set(opened.process_names)
@@ -52,18 +54,26 @@ def test_every_track_is_named_and_its_slices_nest(exported):
 
 
 def test_message_events_are_the_rows_of_messages_parquet_at_each_end(exported):
+    """Each row of messages.parquet at each end is one slice holding that end's first to last byte (the slice
+    spans the message from its first byte sent to its last received: both ends' rows); where the row was
+    seen is said against the slice's start."""
     job, messages, opened, _ = exported
     origin = opened.other["origin_unix_ns"]
     for node in job.nodes:
         pid, mine = node["pslite_id"], messages[messages["capture"] == node["name"]]
         for cat, column in (("send", "sender_id"), ("recv", "recver_id")):
             rows = mine[mine[column] == pid]
-            expected = sorted(zip(rows["ts_first_ns"] - origin, rows["ts_last_ns"] - rows["ts_first_ns"],
-                                  rows["size_bytes"]))
-            seen = sorted((s.start_ns, s.end_ns - s.start_ns, s.event["args"]["size_bytes"])
-                          for (p, _), slices in opened.slices.items() if p == pid
-                          for s in slices if s.event.get("cat") == cat)
-            assert seen == expected, (node["name"], cat)
+            expected = sorted(zip(rows["ts_first_ns"] - origin, rows["ts_last_ns"] - origin, rows["size_bytes"]))
+            slices = [s for (p, _), track in opened.slices.items() if p == pid for s in track
+                      if s.event.get("cat") == cat]
+            here = sorted((s.start_ns + ns(s.event["args"]["first_byte_here_after_us"]),
+                           s.start_ns + ns(s.event["args"]["last_byte_here_after_us"]),
+                           s.event["args"]["size_bytes"]) for s in slices)
+            assert here == expected, (node["name"], cat)
+            assert all(s.start_ns <= first <= last <= s.end_ns for s, (first, last, _) in zip(
+                sorted(slices, key=lambda s: (s.start_ns + ns(s.event["args"]["first_byte_here_after_us"]),
+                                              s.start_ns + ns(s.event["args"]["last_byte_here_after_us"]),
+                                              s.event["args"]["size_bytes"])), here))
 
 
 def test_counts_match_what_ps_lite_logged(exported):
@@ -108,13 +118,13 @@ def test_iterations_are_the_batches_the_workers_ran(exported):
     for node in job.nodes:
         if node["role"] != "worker":
             continue
-        track = (node["pslite_id"], next(tid for (pid, tid), name in opened.thread_names.items()
-                                         if pid == node["pslite_id"] and name == "iterations"))
-        marks = [s.event for s in opened.slices[track] if s.event["name"].startswith("iteration ")]
-        marks += [e for e in opened.instants if (e["pid"], e["tid"]) == track]
+        tracks = [(node["pslite_id"], tid) for (pid, tid), name in opened.thread_names.items()
+                  if pid == node["pslite_id"] and name.startswith("iterations")]
+        marks = [s.event for track in tracks for s in opened.slices[track] if s.event["name"].startswith("iteration ")]
+        marks += [e for e in opened.instants if (e["pid"], e["tid"]) in tracks]
         batches = job.records[node["name"]]["batches"]
         assert sorted(e["args"]["iteration"] for e in marks) == [batch["index"] for batch in batches]
-        phases = collections.Counter(s.event["name"] for s in opened.slices[track])
+        phases = collections.Counter(s.event["name"] for track in tracks for s in opened.slices[track])
         assert phases["phase 2"] >= len(batches) - 1 and phases["phase 1"] >= len(batches) - 2
 
 
@@ -131,7 +141,7 @@ def test_a_node_without_capture_and_a_capture_cut_short(tmp_path):
     assert result.exit_code == 0, result.output
     opened = open_trace(tmp_path / "trace.json")
     worker0, worker1 = job.node("worker0"), job.node("worker1")
-    assert opened.process_labels[worker0["pslite_id"]] == "capture worker0"
+    assert opened.process_labels[worker0["pslite_id"]] == "capture worker0.pcap"
     assert opened.process_labels[worker1["pslite_id"]].startswith("no capture of its own, seen from ")
 
     messages = pq.read_table(tmp_path / "decoded" / "messages.parquet").to_pandas()

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dlcsniff.analysis import write_statistics
+from dlcsniff.analysis import load_job_model, write_statistics
 from dlcsniff.analysis.latency import (
     CONNECTION_COLUMNS, IN_FLIGHT_COLUMNS, PART_COLUMNS, REQUEST_COLUMNS, job_statistics, key_updates,
     request_latency, requests_in_flight, update_skew,
@@ -34,7 +34,7 @@ def decoded(captures, out):
 @pytest.fixture(scope="module", params=JOBS)
 def job_and_stats(request, tmp_path_factory):
     out = decoded([PCAPS / request.param], tmp_path_factory.mktemp(request.param))
-    return load_job(PCAPS / request.param), job_statistics(out), out
+    return load_job(PCAPS / request.param), job_statistics(load_job_model(out)), out
 
 
 def assert_parts_add_up(requests: pd.DataFrame) -> None:
@@ -97,7 +97,7 @@ def test_worker_view_matches_the_worker_capture(job_and_stats):
 @pytest.mark.parametrize("node, view", [("worker0", "worker"), ("server0", "server")])
 def test_one_vantage_point_keeps_the_sum_for_the_known_parts(tmp_path, node, view):
     job = load_job(PCAPS / "mxnet_sync")
-    stats = job_statistics(decoded([job.capture_path(node)], tmp_path))
+    stats = job_statistics(load_job_model(decoded([job.capture_path(node)], tmp_path)))
     requests = stats.requests
     assert len(requests) > 0 and (requests["view"] == view).all()
     assert_parts_add_up(requests)
@@ -107,7 +107,7 @@ def test_one_vantage_point_keeps_the_sum_for_the_known_parts(tmp_path, node, vie
     assert requests[[c for c in PART_COLUMNS if c not in known]].isna().all().all()
     own = job.node(node)["pslite_id"]
     assert (requests["worker_id" if view == "worker" else "server_id"] == own).all()
-    both = job_statistics(decoded([PCAPS / "mxnet_sync"], tmp_path / "all")).requests
+    both = job_statistics(load_job_model(decoded([PCAPS / "mxnet_sync"], tmp_path / "all"))).requests
     mine = both[both["worker_id" if view == "worker" else "server_id"] == own]
     assert len(requests) == len(mine)
     if view == "worker":   # the worker's view of a request does not depend on the other captures
@@ -269,7 +269,7 @@ def test_keys_without_values_are_not_updates():
 
 def test_stats_write_the_merged_tables(tmp_path):
     decode_dir = decoded([PCAPS / "mxnet_sync"], tmp_path / "decoded")
-    stats = write_statistics(decode_dir, tmp_path / "stats")
+    stats = write_statistics(load_job_model(decode_dir), tmp_path / "stats")
     for name in ("requests", "in_flight", "connections", "key_updates"):
         table = pd.read_parquet(tmp_path / "stats" / f"{name}.parquet")
         assert len(table) == len(stats.tables()[name]) > 0

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dlcsniff.analysis import DLC_HEADER, build_records, compute_stats, load_dataset, read_dlc, write_dlc
+from dlcsniff.analysis import DLC_HEADER, build_records, load_dataset, read_dlc, statistics, write_dlc
 from dlcsniff.analysis.iterations import ITERATION_COLUMNS
 from dlcsniff.analysis.overheads import KEY_COLUMNS
 from dlcsniff.decoders.output import write_decode_output
@@ -49,7 +49,7 @@ def analysed(request, decoded, tmp_path_factory):
     job = load_job(PCAPS / request.param)
     trace = build_records(load_dataset(decoded[request.param]))
     files = write_dlc(trace, tmp_path_factory.mktemp(f"dlc_{request.param}"))
-    return job, trace, compute_stats(trace), files, decoded[request.param]
+    return job, trace, statistics(trace=trace), files, decoded[request.param]
 
 
 def file_name(node: dict) -> str:
@@ -233,7 +233,7 @@ def test_dlc_format_on_real_traces(analysed):
             assert len(answers) and answers["IDdep"].map(OP_ID.match).notna().all()
     if job.name == "mxnet_sync_large":
         # tensor 1 is cut in two parts, one per server: a worker's next push waits for both
-        worker = read_dlc(next(f.path for f in files if f.node == "worker0"))
+        worker = read_dlc(next(f.path for f in files if f.node == "worker rank 0"))
         pushes = worker[(worker["Operation"] == "Push_Send_Worker") & worker["OP_ID"].str.startswith("1-")
                         & (worker["Dep_PP"] > 0)]
         assert (pushes["IDdep"].str.count(",") == 1).all() and len(pushes) == 2 * job.meta["batches"]
@@ -268,7 +268,9 @@ def test_cli_stats_dlc_and_a_self_contained_report(decoded, tmp_path):
     assert written == {"iterations.parquet", "keys.parquet", "sizes.parquet", "traffic.parquet",
                        "volume_iterations.parquet", "volume_keys.parquet", "requests.parquet",
                        "in_flight.parquet", "connections.parquet", "key_updates.parquet", "summary.json",
-                       "manifest.json"}
+                       "manifest.json", *(f"{name}.parquet" for name in (
+                           "arrivals", "arrival_spread", "link_health", "burstiness", "on_off", "incast",
+                           "size_distributions", "roce_paths", "roce_collectives"))}
     assert tuple(pd.read_parquet(tmp_path / "stats" / "iterations.parquet").columns) == ITERATION_COLUMNS
     table = runner.invoke(app, ["stats", str(decode_dir), "--out", str(tmp_path / "stats"), "--force"])
     assert table.exit_code == 0 and "mean overlap ratio" in table.stdout
@@ -283,12 +285,13 @@ def test_cli_stats_dlc_and_a_self_contained_report(decoded, tmp_path):
     # self-contained: images are data: URIs, links go within the page, scripts are inline, nothing else loads
     sources = re.findall(r"""(?:src|href)=['"]([^'"]*)['"]""", page)
     images = [src for src in sources if src.startswith("data:image/png;base64,")]
-    assert len(images) == 2 and all(src.startswith("#") for src in sources if src not in images)
+    # the iteration figure, the server overheads and the arrival lags are PNG images
+    assert len(images) == 3 and all(src.startswith("#") for src in sources if src not in images)
     assert "<script src" not in page and "<link" not in page and "default-src 'none'" in page
     embedded = {base64.b64decode(src.removeprefix("data:image/png;base64,")) for src in images}
     files = {path.read_bytes() for path in (tmp_path / "figures").glob("*.png")}
     # the other four are interactive charts in the page (the what-if curve among them)
-    assert embedded < files and len(files) == 6
+    assert embedded < files and len(files) == 7
     assert all(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000 for png in files)
 
 
@@ -297,5 +300,6 @@ def test_cli_errors_are_one_line(tmp_path):
     for command in ("dlc", "stats", "report"):
         result = runner.invoke(app, [command, str(tmp_path), "--out", str(tmp_path / "out")])
         assert result.exit_code == 1
-        assert "messages.parquet: not found" in result.stderr and "Traceback" not in result.output
+        assert "not the output of `dlcsniff decode` (no messages.parquet" in result.stderr
+        assert "Traceback" not in result.output
         assert len(result.stderr.strip().splitlines()) == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from dlcsniff.analysis import load_dataset, pslite_trace, write_html_report
+from dlcsniff.analysis import load_dataset, load_job_model, pslite_trace, write_html_report
 from dlcsniff.analysis.iterations import worker_iterations
 from tests.conftest import require_tool
 
@@ -59,7 +59,7 @@ def screenshots(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("job", JOBS)
 def test_the_report_works_in_chromium(job, decoded_job, screenshots, tmp_path):
     decode_dir = decoded_job(job)
-    report = write_html_report(decode_dir, tmp_path / "report.html")
+    report = write_html_report(load_job_model(decode_dir), tmp_path / "report.html")
     page = report.read_text()
     # nothing to fetch: every src / href is a data: URI or a link within the page, every script inline
     for address in re.findall(r"""(?:src|href)\s*=\s*['"]([^'"]*)['"]""", page):
@@ -117,7 +117,7 @@ def test_the_report_works_in_chromium(job, decoded_job, screenshots, tmp_path):
         iterations = worker_iterations(trace)
         assert bars["iteration"] == iterations["phase3_s"].notna().sum()
         workers = {lane["label"] for lane in spec["lanes"] if lane["head"]}
-        assert workers == {f"worker{rank}" for rank in trace.nodes.loc[trace.nodes["role"] == "worker", "rank"]}
+        assert workers == {f"worker rank {rank}" for rank in trace.nodes.loc[trace.nodes["role"] == "worker", "rank"]}
         assert "length" in charts["message_sizes-0"]["tooltip"]
     if job == "gloo":
         assert "operation" in charts["collective_timeline-0"]["tooltip"]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from dlcsniff.analysis import write_statistics
+from dlcsniff.analysis import load_job_model, write_statistics
 from dlcsniff.analysis.schema_reference import REFERENCE, reference_markdown
 from dlcsniff.cli import app
 from dlcsniff.decoders.decode_run import decode_to_dir
@@ -22,8 +22,8 @@ from tests.conftest import PCAPS, REPO
 JOBS = sorted(path.name for path in PCAPS.iterdir() if path.is_dir() and path.name != "realcaps")
 NCCL = PCAPS / "realcaps" / "softroce-tutorial" / "nccl"
 NCCL_JOBS = ("ring2", "tree2")
-# decoded, but nothing for `stats` to analyse (ZeroMQ without ps-lite)
-NO_STATS = {"zmq"}
+# decoded, but nothing for `stats` to analyse (ZeroMQ without ps-lite; plain TCP: lab/workloads/slow_reader.py)
+NO_STATS = {"zmq", "tcp_zero_window"}
 # words that say a column is a time, a duration or a size: such a column must carry its unit
 QUANTITY_WORDS = {"ts", "time", "first", "last", "start", "end", "duration", "delay", "latency", "rtt", "wall",
                   "gap", "overhead", "size", "sizes", "length", "offset", "roffset", "mtu", "bytes", "skew", "lag"}
@@ -51,7 +51,7 @@ def written(decoded_job, tmp_path_factory) -> dict[str, list]:
     for job, decode_dir in decoded.items():
         if job not in NO_STATS:
             outputs.append(tmp_path_factory.mktemp(f"schema-stats-{job}"))
-            write_statistics(decode_dir, outputs[-1], force=True)
+            write_statistics(load_job_model(decode_dir), outputs[-1], force=True)
     files = collections.defaultdict(list)
     for out in outputs:
         for path in out.glob("*.parquet"):

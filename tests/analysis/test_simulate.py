@@ -18,7 +18,7 @@ from dlcsniff.analysis.operations import (
     CATEGORY_DATA, ROLE_SERVER, ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, Topology, Trace,
 )
 from dlcsniff.analysis.simulate_engines import simulate_all
-from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Links
+from dlcsniff.analysis.simulate_network import EFFICIENCY, UNLIMITED_BIT_S, Links, calibrate
 from dlcsniff.analysis.simulate_pslite import (
     ELEMENT_BYTES, MXNET_BIGARRAY_BOUND, build_program, place_keys, pslite_model,
 )
@@ -278,6 +278,38 @@ def _invoke(*args):
     return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
+def _two_nodes_moving(payload_bit_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Node 0 sends node 1 ten 1 MB messages back to back at payload_bit_s: the ends both captures saw, the pairs."""
+    size, seconds = 1_000_000, 1_000_000 * 8 / payload_bit_s
+    first = (np.arange(10) * seconds * 1e9).astype(np.int64)
+    last = first + int(seconds * 1e9)
+    ends = pd.DataFrame({"node": [0] * 10 + [1] * 10, "sent": [True] * 10 + [False] * 10,
+                         "first_ns": np.concatenate([first, first]), "last_ns": np.concatenate([last, last]),
+                         "size_bytes": size})
+    pairs = pd.DataFrame({"src": 0, "dst": 1, "size_bytes": size, "send_ns": first, "recv_ns": last})
+    return ends, pairs
+
+
+def test_a_what_if_at_the_captured_rate_keeps_what_the_calibrated_links_carried():
+    # links that carried 1.5 times the rate the capture was taken at (a shaper's bursts): a what-if scales them
+    ends, pairs = _two_nodes_moving(300e6 * EFFICIENCY)
+    links = calibrate(ends, pairs, 2, captured_rate_bit_s=200e6).links
+    assert links.up_bit_s == pytest.approx([300e6, 300e6]) and links.down_bit_s == pytest.approx([300e6, 300e6])
+    assert links.with_rate(200e6).up_bit_s == pytest.approx(links.up_bit_s)
+    assert links.with_rate(100e6).down_bit_s == pytest.approx([150e6, 150e6])
+    # links that carried a little less (TCP's own pace, which the simulators model) are the captured rate
+    paced = calibrate(*_two_nodes_moving(180e6 * EFFICIENCY), 2, captured_rate_bit_s=200e6).links
+    assert not calibrate(*_two_nodes_moving(180e6 * EFFICIENCY), 2, captured_rate_bit_s=200e6).host_limited
+    assert paced.up_bit_s == pytest.approx([200e6, 200e6]) and paced.with_rate(100e6).up_bit_s == pytest.approx(
+        [100e6, 100e6])
+    # without the captured rate, a stated rate is every link's
+    assert calibrate(ends, pairs, 2).links.with_rate(100e6).up_bit_s == pytest.approx([100e6, 100e6])
+    # hosts that moved far less than the captured rate keep their limit; the links are that rate, and scale
+    slow = calibrate(*_two_nodes_moving(50e6 * EFFICIENCY), 2, captured_rate_bit_s=200e6)
+    assert slow.host_limited and slow.links.host_bit_s == pytest.approx([50e6, 50e6])
+    assert slow.links.with_rate(400e6).up_bit_s == pytest.approx([400e6, 400e6])
+
+
 @pytest.mark.parametrize("job", ["mxnet_sync_large", "mxnet_sync", "mxnet_async"])
 def test_a_replay_of_the_captured_network_reproduces_the_captured_iteration_time(decoded_job, tmp_path, job):
     _require("simgrid")
@@ -299,12 +331,14 @@ def test_a_collective_job_replays_its_messages(decoded_job, tmp_path):
     assert summary["model"]["kind"] == "collectives" and summary["model"]["message_ends_unmatched"] == 0
     # the bundled job runs its operations once: no iteration repeats, the span is what compares
     assert summary["span_s"] == pytest.approx(summary["measured_span_s"], rel=0.15)
-    refused = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim4", "--workers", "4")
+    refused = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim4", "--training-workers", "4")
     assert refused.exit_code == 1 and "parameter-server" in refused.output and "Traceback" not in refused.output
     # the table names the what-if and the job's own unit: ranks, not workers
     shown = _invoke("simulate", decoded_job("gloo"), "--out", tmp_path / "sim1g", "--bandwidth", "1Gbit")
     assert shown.exit_code == 0, shown.output
     assert "what-if (every link 1Gbit each way) on simgrid" in shown.output
+    # and says what the stated rate did to the calibrated links: without the captured rate, took their place
+    assert "links: 1,000.0 Mbit/s each way in place of the " in shown.output and "--captured-bandwidth" in shown.output
     assert "per rank" in shown.output and "per worker" not in shown.output
 
 
@@ -312,7 +346,7 @@ def test_simulate_writes_its_tables_summary_and_manifest(decoded_job, tmp_path):
     _require("simgrid")
     out = tmp_path / "sim"
     result = _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", out, "--bandwidth", "10Gbit",
-                     "--latency", "20us", "--workers", "3", "--servers", "3", "--json")
+                     "--latency", "20us", "--training-workers", "3", "--servers", "3", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(result.output)
@@ -340,7 +374,7 @@ def test_a_faster_network_is_never_slower_and_more_workers_on_one_network_never_
     _require("simgrid")
     figures = {}
     for name, options in {"slow": ["--bandwidth", "50M"], "fast": ["--bandwidth", "5G"],
-                          "slow4": ["--bandwidth", "50M", "--workers", "4"]}.items():
+                          "slow4": ["--bandwidth", "50M", "--training-workers", "4"]}.items():
         result = _invoke("simulate", decoded_job("mxnet_sync_large"), "--out", tmp_path / name, "--json", *options)
         figures[name] = json.loads(result.output)["iteration_s_mean"]
     assert figures["fast"] < figures["slow"] <= figures["slow4"]

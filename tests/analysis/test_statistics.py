@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlcsniff.analysis import compute_stats, summary_json
+from dlcsniff.analysis import statistics, summary_json
 from dlcsniff.analysis.iterations import ITERATION_COLUMNS, worker_iterations
 from dlcsniff.analysis.load import NODE_COLUMNS, Dataset
 from dlcsniff.analysis.operations import ROLE_WORKER, SLOT_PULL_RESPONSE, SLOT_PUSH_REQUEST, build_records
@@ -27,7 +27,7 @@ JOBS = {
 def stats_of(job: SyntheticJob):
     dataset = Dataset(synthetic_messages(job), pd.DataFrame(columns=list(NODE_COLUMNS)), "synthetic")
     trace = build_records(dataset)
-    return trace, compute_stats(trace)
+    return trace, statistics(trace=trace)
 
 
 @pytest.fixture(scope="module", params=list(JOBS))
@@ -163,7 +163,7 @@ def test_a_lost_receipt_makes_its_iteration_unknown_not_wrong():
     messages = messages.drop(lost)
     messages.loc[cut, "complete"] = False
     trace = build_records(Dataset(messages, pd.DataFrame(columns=list(NODE_COLUMNS)), "synthetic"))
-    iterations = compute_stats(trace).iterations.set_index("iteration")
+    iterations = statistics(trace=trace).iterations.set_index("iteration")
     assert iterations["phase3_s"].isna().tolist() == [False, True, True]
     assert iterations["phase1_s"].isna().tolist() == [True, False, True]     # 1 follows the known 0
     assert iterations["phase2_s"].notna().all()

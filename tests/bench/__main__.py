@@ -7,6 +7,10 @@ startup  — `dlcsniff decode` of a small bundled capture vs tshark; `--help` of
 decode   — throughput on a ~140 MB and a ~1 GB node capture of real MXNet jobs vs tshark and libpcap's read pass,
            compiled parts on and off (tests/bench/decode.py)
 job      — a job of 8 node captures of ~1 GB each, --workers 1 and 2, --engine dask (tests/bench/job_decode.py)
+lossy    — clean and lossy node captures (real loss, and 5 % of segments dropped), a small one, and ~1 GB clean
+           and lossy ones made from them at bench time, against tshark's TCP pass and libpcap's read; the cost
+           per packet lossy against clean, peak RSS, the pandas+pyarrow floor: issue 22's ratios in one run
+           (tests/bench/lossy.py)
 Other sections are added by the modules that own them (see SECTIONS). Every module times commands the same way
 (tests/bench/measure.py: wall and CPU time, peak memory of the process tree, alternated runs, medians).
 Timing lives here only: no test asserts on time.
@@ -71,7 +75,7 @@ def _module_section(module: str):
 SECTIONS = {"startup": _module_section("tests.bench.startup"), "decode": _module_section("tests.bench.decode"),
             "job": _module_section("tests.bench.job_decode"), "hotpath": section_hotpath,
             **{name: _module_section(f"tests.bench.{name}")
-               for name in ("analysis", "capture", "dask", "inputs", "simulate")}}
+               for name in ("analysis", "capture", "dask", "inputs", "lossy", "simulate")}}
 
 
 def main() -> None:

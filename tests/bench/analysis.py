@@ -28,7 +28,7 @@ def run() -> dict:
     """Time the statistics over ~10 million synthetic messages (the decoded tables are built untimed)."""
     from dlcsniff.analysis.load import Dataset
     from dlcsniff.analysis.operations import build_records
-    from dlcsniff.analysis.summary import compute_stats
+    from dlcsniff.analysis.stats_graph import statistics
 
     job = bench_job()
     messages = synthetic_messages(job)
@@ -39,7 +39,7 @@ def run() -> dict:
     began = time.perf_counter()
     trace = build_records(dataset)
     records_s = time.perf_counter() - began
-    stats = compute_stats(trace, source="synthetic")
+    stats = statistics("synthetic", trace=trace)
     total_s = time.perf_counter() - began
     return {
         "name": "analysis: records + statistics",

@@ -23,7 +23,7 @@ def decode(captures: Annotated[list[Path], typer.Argument()], out_dir: Annotated
            progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress")] = None,
            engine: Annotated[str, typer.Option("--engine")] = "pandas",
            scheduler: Annotated[Optional[str], typer.Option("--scheduler")] = None,
-           workers: Annotated[Optional[int], typer.Option("--workers", min=0)] = None,
+           processes: Annotated[Optional[int], typer.Option("--processes", min=0)] = None,
            filter_expr: Annotated[Optional[str], typer.Option("--filter")] = None,
            start: Annotated[Optional[str], typer.Option("--start")] = None,
            end: Annotated[Optional[str], typer.Option("--end")] = None,

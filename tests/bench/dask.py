@@ -1,8 +1,11 @@
 """Benchmark of `decode --engine dask` (`make bench`): 8 node captures of one real MXNet job decoded on local
-Dask clusters of 1, 2 and 4 worker processes, beside the pandas engine in one process and in forked processes.
+Dask clusters of 1, 2 and 4 worker processes, beside the pandas engine in one process and in forked processes;
+then on real distributed clusters (lab/dask_nodes.py: `dask scheduler` and 1, 2 or 4 `dask worker` processes,
+each in a network namespace standing for a node, `dlcsniff decode --scheduler` run from a client host): wall and
+CPU time of the decode, and the peak memory of each worker process, against the number of workers.
 
 The job (3 servers, 4 workers and the scheduler, each captured in its own network namespace; wide_mlp's
-5 MB tensors) is recorded once by sniffer/record.py into bench-out/. A cluster is started before its timed
+5 MB tensors) is recorded once by lab/record.py into bench-out/. A cluster is started before its timed
 runs (its start-up is reported apart); each figure is the best of REPEATS runs. Timing lives here only.
 """
 from __future__ import annotations
@@ -50,6 +53,30 @@ def best_seconds(decode) -> tuple[float, dict]:
     return min(runs), {"packets": dataset.summary["packets"], "messages": dataset.tables["messages"].num_rows}
 
 
+def distributed_runs(captures: list[Path]) -> list[dict]:
+    """`dlcsniff decode --engine dask --scheduler` of the job on clusters of DASK_WORKERS workers in namespaces."""
+    import tempfile
+
+    from lab.dask_nodes import dask_nodes, peak_rss_mb, process_tree
+    from tests.bench.measure import measure
+
+    rows = []
+    for n in DASK_WORKERS:
+        with tempfile.TemporaryDirectory() as logs, dask_nodes(n, Path(logs)) as (cluster, address, pids):
+            argv = ["ip", "netns", "exec", cluster.host("client").netns, str(VENV_BIN / "dlcsniff"), "decode",
+                    *map(str, captures), "--out", str(OUT / "dask-distributed"), "--force", "--no-progress",
+                    "--engine", "dask", "--scheduler", address]
+            runs = [measure(argv) for _ in range(REPEATS)]
+            workers_mb = [round(peak_rss_mb(pid), 1) for pid in process_tree(pids) if pid not in pids]
+        best = min(runs, key=lambda r: r.wall_s)
+        rows.append({"workers": n, "wall_s": round(best.wall_s, 3), "client_cpu_s": round(best.cpu_s, 3),
+                     "client_peak_rss_mb": round(best.max_process_rss_mb, 1), "worker_peak_rss_mb": workers_mb})
+    one = rows[0]["wall_s"]
+    for row in rows:
+        row["speedup_vs_1_worker"] = round(one / row["wall_s"], 2)
+    return rows
+
+
 def run() -> dict:
     from dlcsniff.decoders.dask_cluster import dask_client
     from dlcsniff.decoders.dask_decode import decode_paths_dask
@@ -88,6 +115,7 @@ def run() -> dict:
         **decoded,
         "repeats": REPEATS,
         "runs": rows,
+        "distributed (namespaces)": distributed_runs(captures),
         "table": [f"{'engine':<16}{'processes':>10}{'seconds':>10}{'vs pandas':>11}{'vs dask 1':>11}"] + [
             f"{r['engine']:<16}{r['processes']:>10}{r['seconds']:>10.3f}{r['speedup_vs_pandas']:>10.2f}x"
             + (f"{r['speedup_vs_dask_1']:>10.2f}x" if r["speedup_vs_dask_1"] is not None else f"{'':>11}")

@@ -31,7 +31,7 @@ def _commands(pcap: Path, *, tshark: bool) -> dict[str, dict]:
     decode = [DLCSNIFF, "decode", str(pcap), "--out", str(OUT / "decoded"), "--force", "--no-progress"]
     commands = {
         "dlcsniff decode": {"argv": decode},
-        "dlcsniff decode --workers 0": {"argv": [*decode, "--workers", "0"]},
+        "dlcsniff decode --processes 0": {"argv": [*decode, "--processes", "0"]},
         "dlcsniff decode, pure Python": {"argv": decode, "env": {"DLCSNIFF_PURE_PYTHON": "1"}},
         "tcpdump -r F -w /dev/null": {"argv": ["tcpdump", "-r", str(pcap), "-w", "/dev/null"]},
         # the manifest's sha256 of the input, which every decode computes beside its workers

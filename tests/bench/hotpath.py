@@ -1,6 +1,6 @@
 """Hot-path benchmark: capture reading, header parsing and TCP reassembly on a real capture.
 
-    .venv/bin/python -m tests.bench_hotpath [--capture FILE] [--size-mb 80]
+    .venv/bin/python -m tests.bench.hotpath [--capture FILE] [--size-mb 80]
 
 Without --capture it records one (once; kept in /tmp/dlcsniff-bench): a real TCP transfer over the
 loopback of a network namespace whose lo has a 1500-byte MTU and segmentation offloads off, so packets
@@ -8,7 +8,7 @@ are the size a real NIC gives (the host's lo would carry 64 KiB ones). Needs roo
 
 Prints packets/s for our precompiled-struct parser vs dpkt (same packets, in memory, and reading the
 file), and the whole decode (read + parse + reassemble), packet by packet and in batches
-(decoders.fastpath), vs `tshark -q -z conv,tcp`; best of 3 runs each (the machines are shared: figures
+(decoders.tcp_driver), vs `tshark -q -z conv,tcp`; best of 3 runs each (the machines are shared: figures
 vary with load). Exits 0.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.tcp_driver import BatchDecoder
 from dlcsniff.decoders.packet import LINKTYPE_ETHERNET, ParseStats, Segment, parse_packet
 from dlcsniff.decoders.tcp import TcpReassembler
-from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.protocols.base import UNLIMITED_SKIP_BYTES
 
 BENCH_DIR = Path("/tmp/dlcsniff-bench")
 NETNS = f"dlcs-bench-{os.getpid()}"

@@ -1,5 +1,5 @@
 """Benchmark of decoding a whole job (`make bench`, section job; issue 11, item 3): 8 node captures of about 1 GB
-each, decoded by `dlcsniff decode` with --workers 1 and 2 (forked processes) and with --engine dask on local
+each, decoded by `dlcsniff decode` with --processes 1 and 2 (forked processes) and with --engine dask on local
 clusters of 1 and 2 workers: wall and CPU time, peak memory of the whole process tree, and the speed-up over one
 worker. This machine has 2 cores: 2 workers are the most that can pay.
 
@@ -60,17 +60,17 @@ def run() -> dict:
     size = sum(p.stat().st_size for p in captures)
     before = load()
     out = str(OUT / "job-decoded")
-    commands = {f"--workers {n}": {"argv": [DLCSNIFF, "decode", str(pcaps), "--out", out, "--force", "--no-progress",
-                                            "--workers", str(n)]} for n in (1, 2)}
-    commands.update({f"--engine dask --workers {n}": {"argv": [DLCSNIFF, "decode", str(pcaps), "--out", out, "--force",
-                                                             "--no-progress", "--engine", "dask", "--workers", str(n)]}
+    commands = {f"--processes {n}": {"argv": [DLCSNIFF, "decode", str(pcaps), "--out", out, "--force", "--no-progress",
+                                            "--processes", str(n)]} for n in (1, 2)}
+    commands.update({f"--engine dask --processes {n}": {"argv": [DLCSNIFF, "decode", str(pcaps), "--out", out, "--force",
+                                                             "--no-progress", "--engine", "dask", "--processes", str(n)]}
                      for n in (1, 2)})
     runs = alternate(commands, REPEAT)
     hashed = alternate({"sha256 of the inputs (the manifest's)": {"argv": [
         str(VENV_BIN / "python"), "-c", "import hashlib, sys\nfor p in sys.argv[1:]:\n"
         " hashlib.file_digest(open(p, 'rb'), 'sha256')", *map(str, captures)]}}, 1)
     for label, found in runs.items():
-        base = runs["--workers 1" if not label.startswith("--engine") else "--engine dask --workers 1"]
+        base = runs["--processes 1" if not label.startswith("--engine") else "--engine dask --processes 1"]
         found["speedup_vs_1_worker"] = round(base["wall_s"] / found["wall_s"], 2)
         found["gb_per_s"] = round(size / 2**30 / found["wall_s"], 3)
     return {

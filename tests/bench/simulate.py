@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlcsniff.analysis.simulate import WhatIf, load_job, predict
+from dlcsniff.analysis.job_model import load_job_model
+from dlcsniff.analysis.simulate import WhatIf, predict, replay_job
 from dlcsniff.analysis.simulate_network import HOST_LIMITED_SHARE, EFFICIENCY
 from dlcsniff.decoders.job import decode_paths
 from dlcsniff.decoders.output import write_decode_output
@@ -86,7 +87,7 @@ def _training_load(measured, load: MachineLoad) -> Load | None:
 
 def _run_figures(recorded: tuple[Path, MachineLoad], rate_mbit: float) -> dict:
     decoded, load = recorded
-    job = load_job(decoded, rate_mbit * 1e6)
+    job = replay_job(load_job_model(decoded), rate_mbit * 1e6)
     seen = [value for value in [*job.calibration.up_throughput_bit_s, *job.calibration.down_throughput_bit_s]
             if value == value]
     busiest = max(seen) if seen else 0.0
@@ -110,7 +111,7 @@ def _predictions(reference: dict, captured_mbit: float, what_ifs: list[WhatIf]) 
     found = {}
     for engine in ENGINES:
         began = time.perf_counter()
-        frame, _ = predict(reference["dir"], what_ifs, engine=engine, captured_rate_bit_s=captured_mbit * 1e6,
+        frame, _ = predict(load_job_model(reference["dir"]), what_ifs, engine=engine, captured_rate_bit_s=captured_mbit * 1e6,
                            processes=1)
         found[engine] = {"iteration_s": frame["iteration_s_mean"].tolist(), "wall_s": frame["wall_s"].tolist(),
                          "call_s": time.perf_counter() - began}

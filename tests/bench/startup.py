@@ -10,13 +10,12 @@
   arguments (tests/bench/cli_floor.py: typer builds a pydantic adapter per parameter), alone and then importing
   pyarrow.parquet and pandas: what `dlcsniff decode` loads before it reads a packet, the floor of target 1.
 
-Our modules' bytecode is compiled first (compileall): a checkout run with PYTHONDONTWRITEBYTECODE=1 would
-otherwise compile them from source on every run (0.1 s of a small decode), as no installed copy does.
+Our modules' bytecode is compiled first (tests.bench.measure.compile_bytecode: 0.1 s of a small decode).
 """
 from __future__ import annotations
 
 from tests.bench.__main__ import OUT, REPO, VENV_BIN
-from tests.bench.measure import alternate, load
+from tests.bench.measure import alternate, compile_bytecode, load
 
 SMALL = REPO / "pcaps" / "mxnet_sparse" / "worker1.pcap.gz"
 REPEAT = 7
@@ -38,12 +37,9 @@ CLI_FLOORS = {
 
 
 def run() -> dict:
-    import compileall
-
     from dlcsniff.cli import app
 
-    for package in ("dlcsniff", "decoders", "analysis", "sniffer"):
-        compileall.compile_dir(REPO / package, quiet=1)
+    compile_bytecode(REPO)
     before = load()
     decode = {
         "dlcsniff decode": {"argv": [DLCSNIFF, "decode", str(SMALL), "--out", str(OUT / "startup-decoded"),

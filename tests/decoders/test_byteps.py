@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlcsniff.decoders.tensors import byteps
-from dlcsniff.decoders.tensors.head import unpair
-from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.pslite.tensors import byteps
+from dlcsniff.decoders.protocols.pslite.tensors.head import unpair
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.protocols.base import Row, TcpDirection
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.pslite_job import resolve_pslite
+from dlcsniff.decoders.protocols.pslite.job import resolve_pslite
 from tests.support.protocol_driver import drain
 from tests.support.zmtp_tap import command, greeting_v3, message, metadata
 

@@ -13,11 +13,11 @@ import collections
 import pandas as pd
 import pytest
 
-from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
-from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
+from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.nccl_socket.decoder import NcclSocketCaptureDecoder
 from dlcsniff.decoders.capture_decoder import decode_capture
 from dlcsniff.decoders.job import build_dataset, decode_paths
-from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
+from dlcsniff.decoders.protocols.roce.decoder import RoceCaptureDecoder
 from tests.conftest import PCAPS
 from tests.support.protocol_driver import run_decoder
 from tests.support.nccl_gen import ERA_INLINE, net_socket_capture

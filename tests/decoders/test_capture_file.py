@@ -24,7 +24,7 @@ from tests.support.tcpdump import Transfer, capture_tcp_transfer
 
 pytestmark = pytest.mark.root       # tcpdump around a real socket exchange
 
-# -- a real capture of a real transfer (also used by test_packet, test_tcp and bench_hotpath) --------------
+# -- a real capture of a real transfer (also used by test_packet, test_tcp and bench/hotpath) -------------
 
 
 # -- an independent reader: tshark ---------------------------------------------------------------------------

@@ -157,6 +157,62 @@ def test_nodes_named_alike_stay_apart(tmp_path):
     assert all(c.notes == () for c in captures)
 
 
+def test_nodes_named_alike_with_clocks_seconds_apart_stay_apart(tmp_path):
+    # worker0's clock 1.5 s ahead (editcap -t): its 0.76 s of packets now start after worker1's end, as the next
+    # piece of a -G capture would; its TCP connections are not worker1's, so it is a node of its own
+    _gunzip(SYNC / "worker1.pcap.gz", tmp_path / "worker1.pcap")
+    subprocess.run([require_tool("editcap"), "-t", "1.5", str(SYNC / "worker0.pcap.gz"),
+                    str(tmp_path / "worker0.pcap")], check=True)
+    assert [(c.name, len(c.files)) for c in expand_inputs([tmp_path])] == [("worker0", 1), ("worker1", 1)]
+
+
+def test_nodes_that_share_a_small_connection_with_clocks_seconds_apart_stay_apart(tmp_path):
+    # gloo_straggler's rank1 and rank3 each captured their connection to the other, which carries less than a
+    # send window: with rank3's clock 14 s ahead (editcap -t), its packets start after rank1's end and take up
+    # that connection no further back than the slack allows, so they were read as rank1's next piece (one
+    # capture "rank1", "no packets for 8.8 s ... a piece missing?"); rank3's first packets open it again (SYN)
+    for rank, shift in (("rank1", "0"), ("rank3", "14")):
+        subprocess.run([require_tool("editcap"), "-F", "pcap", "-t", shift,
+                        str(PCAPS / "gloo_straggler" / f"{rank}.pcap.gz"), str(tmp_path / f"{rank}.pcap")], check=True)
+    assert [(c.name, len(c.files)) for c in expand_inputs([tmp_path])] == [("rank1", 1), ("rank3", 1)]
+
+
+def test_pieces_named_alike_by_no_tool_are_one_capture(whole, tmp_path):
+    # tcpdump -G's names, or a user's: alike but for their digits; the TCP traffic goes on from piece to piece
+    subprocess.run([require_tool("editcap"), "-c", "1000", str(whole), str(tmp_path / "chunk.pcap")], check=True)
+    for index, chunk in enumerate(sorted(tmp_path.glob("chunk_*.pcap"))):
+        chunk.rename(tmp_path / f"trace-{index + 1}.pcap")
+    summary = _assert_same_decode(sorted(tmp_path.glob("trace-*.pcap")), whole)
+    assert summary["captures"][0]["capture"] == "trace-1"
+
+
+def test_same_names_in_two_directories_are_refused_with_how_to_name_them(tmp_path):
+    _gunzip(SYNC / "worker0.pcap.gz", tmp_path / "a" / "node0.pcap")
+    _gunzip(SYNC / "worker1.pcap.gz", tmp_path / "b" / "node0.pcap")
+    for inputs in ([tmp_path / "a" / "node0.pcap", tmp_path / "b" / "node0.pcap"], [tmp_path / "a", tmp_path / "b"]):
+        with pytest.raises(CaptureError, match=r"share the capture name 'node0'.*e\.g\. a-node0\.pcap, b-node0\.pcap"):
+            expand_inputs(inputs)
+        result = CliRunner().invoke(app, ["decode", *map(str, inputs), "--out", str(tmp_path / "out")])
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1 and "give each node's capture a name" in result.output
+    # one of them empty (a node whose capture saw nothing): no piece of the other either
+    subprocess.run([require_tool("editcap"), "-r", str(tmp_path / "a" / "node0.pcap"),
+                    str(tmp_path / "b" / "node0.pcap"), "100000"], check=True)
+    with pytest.raises(CaptureError, match="a file without packets is no piece of another"):
+        expand_inputs([tmp_path / "a", tmp_path / "b"])
+
+
+def test_same_names_in_two_directories_that_are_pieces_are_one_capture(whole, tmp_path):
+    # one node's capture split in two, each half in a directory of its own under the capture's name
+    subprocess.run([require_tool("editcap"), "-c", "1500", str(whole), str(tmp_path / "half.pcap")], check=True)
+    for directory, half in zip("ab", sorted(tmp_path.glob("half_*.pcap"))):
+        (tmp_path / directory).mkdir()
+        half.rename(tmp_path / directory / "node0.pcap")
+    summary = _assert_same_decode([tmp_path / "b", tmp_path / "a"], whole)
+    assert summary["captures"][0]["capture"] == "node0"
+    assert [Path(f["path"]).parent.name for f in summary["captures"][0]["files"]] == ["a", "b"]
+
+
 def test_pieces_named_alike_but_overlapping_say_why_they_stay_apart(tmp_path):
     # named as tcpdump -C pieces, but they are two nodes' captures: decoded apart, and the summary says so
     _gunzip(SYNC / "worker0.pcap.gz", tmp_path / "w.pcap")
@@ -385,3 +441,25 @@ def test_a_bad_filter_is_one_line_before_any_decoding(tmp_path):
         decode_paths([SYNC], selection=PacketSelection(filter="ether host 01:02:03:04:05:06"))
     bad = CliRunner().invoke(app, ["decode", str(SYNC), "--out", str(out), "--start", "yesterday"])
     assert bad.exit_code == 1 and "not a time" in bad.output
+
+
+def test_a_capture_given_twice_under_two_names_is_warned_about(tmp_path):
+    """A directory holding a node's capture and a renamed, recompressed copy of it (worker0.pcap.gz beside
+    worker0-copy.pcap.zst): decoded as two nodes, each message the capture saw counted twice, and told (it was
+    not: only a clocks warning that the copy shares no message with another capture). Two nodes' captures of
+    one job (mxnet_sync's) are not alike."""
+    job = tmp_path / "job"
+    job.mkdir()
+    original = PCAPS / "mxnet_sync" / "worker0.pcap.gz"
+    shutil.copy(original, job)
+    subprocess.run([require_tool("zstd"), "-q", "-o", str(job / "worker0-copy.pcap.zst")],
+                   input=gzip.decompress(original.read_bytes()), check=True)
+    _, summary = _tables([job])
+    packets = _tshark_count(original)
+    alike = [w for w in summary["warnings"] if "hold the same packets" in w]
+    assert len(alike) == 1 and alike[0].startswith(f"captures worker0, worker0-copy hold the same packets "
+                                                   f"({packets:,}, from "), alike
+    assert alike[0].endswith("one capture given 2 times? Each is decoded as a node of its own, so its messages are "
+                             "counted once per copy; decode one of them")
+    _, healthy = _tables([PCAPS / "mxnet_sync"])
+    assert not [w for w in healthy["warnings"] if "same packets" in w]

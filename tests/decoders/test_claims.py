@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import subprocess
 import sys
 
@@ -28,6 +29,13 @@ CLAIMED = {
     # the Gloo matrix (lab/gloo_matrix.py); "tcp": TCPStore connections that closed without a byte
     "gloo_matrix_k2": {"gloo", "tcpstore", "tcp"},
     "gloo_matrix_k3": {"gloo", "tcpstore", "tcp"},
+    # the fault jobs (lab/record.py FAULT_JOBS): Gloo training with a straggler, a hang, a slowed link
+    "gloo_hang": {"gloo", "tcpstore", "tcp"},
+    "gloo_slow_link": {"gloo", "tcpstore", "tcp"},
+    "gloo_straggler": {"gloo", "tcpstore", "tcp"},
+    "gloo_straggler_sigstop": {"gloo", "tcpstore", "tcp"},
+    # a plain TCP sender and a reader that stops reading (zero windows): nobody's protocol
+    "tcp_zero_window": {"tcp"},
     "mxnet_1s1w": {"pslite", "tcp"},
     "mxnet_3s4w": {"pslite"},
     "mxnet_async": {"pslite", "tcp"},
@@ -38,6 +46,10 @@ CLAIMED = {
     "mxnet_sparse": {"pslite"},
     "mxnet_sync": {"pslite", "tcp"},
     "mxnet_sync_large": {"pslite", "tcp"},
+    "mxnet_slow_server": {"pslite", "tcp"},
+    "mxnet_slow_worker": {"pslite"},
+    # killed while hung: each node's ZeroMQ connection to itself had only its handshake (no TERMINATE yet)
+    "mxnet_hang": {"pslite", "tcp", "zmtp"},
     "zmq": {"zmtp"},
 }
 MESSAGES = {"pslite": "pslite", "gloo": "gloo", "tcpstore": "tcpstore", "zmtp": None, "tcp": None}
@@ -130,6 +142,12 @@ def _udp(ts: float, dport: int, payload: bytes) -> tuple[float, bytes]:
     return ts, bytes(dpkt.ethernet.Ethernet(src=b"\x02" * 6, dst=b"\x04" * 6, data=packet))
 
 
+def _plausible_bth(rng: random.Random) -> bytes:
+    """A BTH as RoCE writes one (RC SEND ONLY, TVer 0, default P_Key, reserved bits 0, queue pair 0x11) with a
+    random PSN: each packet alone is well formed, no two are a RoCE stream."""
+    return struct.pack("!BBHII", 0x04, 0, 0xFFFF, 0x11, rng.randrange(1 << 24))
+
+
 def _noise_capture(path, seed: int) -> int:
     """Random payloads (and near misses of the protocols' first bytes) on the ports the decoders know; returns
     the number of TCP connections written."""
@@ -150,7 +168,10 @@ def _noise_capture(path, seed: int) -> int:
         connections += 1
     for index in range(UDP_DATAGRAMS):                            # UDP to other services' ports, and RoCEv2's:
         port = 4791 if index % 2 else rng.choice([53, 123, 5353, 9999])   # those carry no valid ICRC
-        packets.append(_udp(ts, port, rng.randbytes(rng.choice([12, 28, 64, 1100]))))
+        payload = rng.randbytes(rng.choice([12, 28, 64, 1100]))
+        if port == 4791 and index % 4 == 1:                       # near misses of a RoCE stream: every BTH well
+            payload = _plausible_bth(rng) + payload               # formed, one queue pair, PSNs at random
+        packets.append(_udp(ts, port, payload))
         ts += 1e-3
     with open(path, "wb") as f:
         writer = dpkt.pcap.Writer(f, nano=False)

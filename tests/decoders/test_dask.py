@@ -80,7 +80,7 @@ def pandas_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 @pytest.mark.parametrize("job", list(CAPTURES))
 def test_decode_on_a_local_cluster_matches_pandas(job, pandas_runs, tmp_path):
     expected_dir, expected_summary = pandas_runs[job]
-    summary = _decode(PCAPS / job, tmp_path, "--engine", "dask", "--workers", "2")
+    summary = _decode(PCAPS / job, tmp_path, "--engine", "dask", "--processes", "2")
     _assert_same_files(expected_dir, tmp_path, DECODE_FILES)
     assert summary == expected_summary
     assert len(summary["captures"]) == CAPTURES[job] and summary["packets"] > 0
@@ -182,14 +182,14 @@ def test_a_running_cluster_decodes_and_computes_the_statistics(running_cluster, 
     assert (tmp_path / "stats" / "summary.json").read_bytes() == (
         expected_dir / "stats" / "summary.json").read_bytes()
     # the work was done there: the decode tasks and the statistics' graph
-    assert {"decode_capture", "load_dataset", "pslite_trace", "job_statistics", "collective_statistics_of",
-            "compute_stats"} <= _task_prefixes(running_cluster)
+    assert {"decode_capture", "pslite_trace_of", "worker_iterations", "job_statistics", "collective_statistics_of",
+            "network_behaviour_of", "compute_stats"} <= _task_prefixes(running_cluster)
 
 
 @pytest.mark.parametrize("args, needle", [
     (("--scheduler", "tcp://127.0.0.1:8786"), "--scheduler needs --engine dask"),
     (("--engine", "dask", "--scheduler", "nonsense"), "cannot reach the Dask scheduler at nonsense"),
-    (("--engine", "dask", "--scheduler", "tcp://127.0.0.1:8786", "--workers", "2"), "has its own"),
+    (("--engine", "dask", "--scheduler", "tcp://127.0.0.1:8786", "--processes", "2"), "has its own"),
 ])
 def test_cluster_options_are_checked(args, needle, tmp_path):
     result = _invoke("decode", PCAPS / "zmq", "--out", tmp_path, *args)
@@ -198,8 +198,8 @@ def test_cluster_options_are_checked(args, needle, tmp_path):
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
-def test_an_unreachable_scheduler_is_a_clear_error(tmp_path):
-    result = _invoke("stats", tmp_path, "--out", tmp_path / "stats", "--engine", "dask",
+def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, decoded_job):
+    result = _invoke("stats", decoded_job("mxnet_1s1w"), "--out", tmp_path / "stats", "--engine", "dask",
                      "--scheduler", "tcp://127.0.0.1:1")
     assert result.exit_code == 1
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in result.output

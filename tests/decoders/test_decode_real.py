@@ -1,6 +1,6 @@
 """End-to-end truth: the decode of real MXNet captures against what ps-lite itself logged.
 
-Each job in pcaps/ was recorded by sniffer/record.py: scheduler, 2 servers and 2 workers, each in its own
+Each job in pcaps/ was recorded by lab/record.py: scheduler, 2 servers and 2 workers, each in its own
 network namespace with its own capture, and PS_VERBOSE=2 so that ps-lite logged every message it sent and
 received. For every node, the messages decoded from that node's own capture must be exactly the messages
 its log lists — as a multiset, field by field — with nothing missing and nothing extra.

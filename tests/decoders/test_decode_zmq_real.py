@@ -1,6 +1,6 @@
 """The decode of a real pyzmq workload (libzmq 4.3.5, ZMTP 3.1) against the workload's own record.
 
-pcaps/zmq was recorded by sniffer/record.py: a server and a client in two network namespaces, every
+pcaps/zmq was recorded by lab/record.py: a server and a client in two network namespaces, every
 socket pattern, frames of 0 to 70,000 bytes, and a CURVE pair. zmq_record.json lists every message each
 side handed to libzmq; for every TCP direction the ZMTP messages decoded from each side's capture must be
 exactly the recorded sends on that socket, in order, frame by frame.

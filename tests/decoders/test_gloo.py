@@ -2,7 +2,7 @@
 
 The real job (pcaps/gloo, recorded by `python -m lab.record gloo`): four torch 2.13 ranks, each in
 its own network namespace, each writing its own record of every operation, including the Gloo work items
-PyTorch's profiler saw it run and their tags (sniffer/workloads/gloo_job.py). Every capture is decoded
+PyTorch's profiler saw it run and their tags (lab/workloads/gloo_job.py). Every capture is decoded
 once per module through tests/support/protocol_driver.py (as `dlcsniff decode` drives a protocol decoder).
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlcsniff.decoders.protocols import tcpstore
+from dlcsniff.decoders.protocols.tcpstore import decoder as tcpstore
 from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
-from dlcsniff.decoders.protocols.gloo_wire import (P2P, GlooMessage, GlooStreamDecoder, Opcode, PairConnect, Slot,
+from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.gloo.wire import (P2P, GlooMessage, GlooStreamDecoder, Opcode, PairConnect, Slot,
                                                    parse_preamble, parse_rank_record, parse_slot, split_rank_key)
 from dlcsniff.decoders.sansio import Resync
 from dlcsniff.decoders.packet import Segment, ip_to_str, parse_packet

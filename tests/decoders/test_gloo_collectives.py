@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from dlcsniff.decoders.collective_ops import COLUMNS, collectives_from_messages
-from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.gloo.collectives import COLUMNS, collectives_from_messages
+from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
 from tests.conftest import PCAPS
 from tests.support.protocol_driver import run_decoder
 

@@ -1,6 +1,6 @@
-"""decoders.gloo_model: gloo's algorithms as schedules, checked by hand against gloo's source (gloo/allreduce.cc,
-reduce.cc, broadcast.cc, barrier.cc), byte for byte against the real job's captures (pcaps/gloo: every
-collective's bytes on every TCP direction of every rank), and by fitting: a schedule's own statements and
+"""decoders.protocols.gloo.model: gloo's algorithms as schedules, checked by hand against gloo's source
+(gloo/allreduce.cc, reduce.cc, broadcast.cc, barrier.cc), byte for byte against the real job's captures
+(pcaps/gloo: every collective's bytes on every TCP direction of every rank), and by fitting: a schedule's own statements and
 stream bytes give its tensor back, whole, with statements lost, and for a group of concurrent operations.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlcsniff.decoders import gloo_model
-from dlcsniff.decoders.gloo_model import Schedule, Statement, StreamSpan, fit, fit_group, schedule
-from dlcsniff.decoders.protocols.gloo import GlooCaptureDecoder
+from dlcsniff.decoders.protocols.gloo import model as gloo_model
+from dlcsniff.decoders.protocols.gloo.model import Schedule, Statement, StreamSpan, fit, fit_group, schedule
+from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
 from tests.conftest import PCAPS
 from tests.support.protocol_driver import run_decoder
 

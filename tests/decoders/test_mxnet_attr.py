@@ -23,8 +23,8 @@ import dpkt
 import numpy as np
 import pytest
 
-from dlcsniff.decoders.tensors import mxnet
-from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.pslite.tensors import mxnet
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.errors import DecodeError
 from tests.conftest import require_root, require_tool, require_workloads
 

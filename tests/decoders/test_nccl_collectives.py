@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from dlcsniff.decoders.job import decode_paths
-from dlcsniff.decoders.nccl_collectives import GATHER_LIKE, PIPELINE
+from dlcsniff.decoders.protocols.nccl.collectives import GATHER_LIKE, PIPELINE
 from tests.conftest import PCAPS
 from tests.support.nccl_coll_gen import (NCCL_STEPS, RING_CHUNK_STEPS, RING_SLICE_STEPS, STEP_BYTES, Collective,
                                          btree, chunk_sends, p2p_sends, ring_all_reduce_sends, ring_gather_sends,

@@ -1,7 +1,7 @@
 """NCCL socket transport and bootstrap decoding on generated captures (NCCL cannot run here: see
-tests/nccl_gen.py, a simulation of NCCL's sender written from the protocol description).
+tests/support/nccl_gen.py, a simulation of NCCL's sender written from the protocol description).
 
-Captures go through the real capture reader and TCP reassembler (tests/nccl_driver.py). The expected
+Captures go through the real capture reader and TCP reassembler (tests/support/protocol_driver.py). The expected
 messages are what the simulated sender did; the task splits are also checked against numbers worked out
 by hand from NCCL's rule, so the simulation itself is pinned down.
 """
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder, line_protocol, task_sizes
+from dlcsniff.decoders.protocols.nccl_socket.decoder import NcclSocketCaptureDecoder, line_protocol, task_sizes
 from dlcsniff.decoders.protocols.base import TcpDirection
 from tests.support.protocol_driver import rows_of, run_decoder
 from tests.support.nccl_gen import (ERA_HANDSHAKE, ERA_INLINE, ERA_NO_HANDSHAKE, ERAS, NCCL_SOCKET_MAGIC, NcclSender,
-                            TcpCapture, ll128_buffer, ll_buffer, net_socket_capture)
+                                    TcpCapture, ll128_buffer, ll_buffer, net_socket_capture)
 
 PROTOS = ("Simple", "LL", "LL128")
 

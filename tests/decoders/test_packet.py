@@ -34,7 +34,7 @@ def _expected(pkt) -> tuple:
         tcp = pkt[TCP]
         payload = bytes(tcp.payload)
         return (Segment, TS, src, dst, tcp.sport, tcp.dport, tcp.seq, tcp.ack, int(tcp.flags), payload,
-                len(payload), version)
+                len(payload), version, tcp.window)
     udp = pkt[UDP]
     payload = bytes(udp.payload)
     return (Datagram, TS, src, dst, udp.sport, udp.dport, payload, len(payload), version)
@@ -43,7 +43,8 @@ def _expected(pkt) -> tuple:
 def _fields(result) -> tuple:
     if result.__class__ is Segment:
         return (Segment, result.ts_ns, result.src, result.dst, result.sport, result.dport, result.seq,
-                result.ack, result.flags, bytes(result.payload), result.wire_payload_len, result.ip_version)
+                result.ack, result.flags, bytes(result.payload), result.wire_payload_len, result.ip_version,
+                result.window)
     return (Datagram, result.ts_ns, result.src, result.dst, result.sport, result.dport, bytes(result.payload),
             result.wire_payload_len, result.ip_version)
 
@@ -54,7 +55,7 @@ def _eth(**kw):
 
 
 def _tcp(**kw):
-    return TCP(sport=40123, dport=9091, seq=0xFFFFFF00, ack=12345, flags="PA", **kw) / PAYLOAD
+    return TCP(sport=40123, dport=9091, seq=0xFFFFFF00, ack=12345, flags="PA", window=0x1F2E, **kw) / PAYLOAD
 
 
 def _ipv4(**kw):

@@ -10,6 +10,7 @@ generated from its description (tests/support/nccl_gen.py, roce_gen.py) for the 
 from __future__ import annotations
 
 import collections
+import random
 import struct
 import subprocess
 from pathlib import Path
@@ -22,8 +23,8 @@ from typer.testing import CliRunner
 
 from dlcsniff.cli import app
 from dlcsniff.decoders.job import decode_paths
-from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
-from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder
+from dlcsniff.decoders.protocols.nccl_socket.decoder import NcclSocketCaptureDecoder
+from dlcsniff.decoders.protocols.roce.decoder import RoceCaptureDecoder
 from tests.conftest import PCAPS, require_tool
 from tests.support.nccl_gen import TcpCapture
 from tests.support.protocol_driver import run_decoders
@@ -126,3 +127,46 @@ def test_roce_only_captures_decode_with_the_cli(tmp_path, path):
     """RoCE and nothing else (RDMA-CM, rping: no TCP at all; NCCL: RoCE plus a TCPStore)."""
     result = CliRunner().invoke(app, ["decode", str(path), "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
+
+
+def _bth_stream(flaw: str, packets: int = 12) -> list[bytes]:
+    """One queue pair's RC packets to UDP 4791 with consecutive PSNs and ICRCs that are no ICRC (random), as a
+    capture tool that rewrites frames leaves them: SEND ONLYs, or (`segments`, `reth`) 3-packet RDMA WRITEs of
+    one 1024-byte path MTU; `flaw` breaks one thing RoCE always has."""
+    frames = []
+    rng = random.Random(flaw)
+    write = flaw in ("well formed write", "segments", "reth")
+    for psn in range(1000, 1000 + packets):
+        position = (psn - 1000) % 3 if write else None
+        opcode = {None: 0x04, 0: 0x06, 1: 0x07, 2: 0x08}[position]
+        flags = 0x01 if flaw == "tver" else 0
+        pkey = 0xFFFF if flaw != "pkey" or psn % 2 else 0x7FFF
+        resv_qp = (0x01 << 24 if flaw == "reserved" else 0) | 0x11
+        body = rng.randbytes(1000 if flaw == "segments" and position in (0, 1) else 1024 if write else 64)
+        if flaw == "misaligned":
+            body = body[:-1]
+        reth = struct.pack("!QII", 0x1000, 7, 5000 if flaw == "reth" else 3072) if position == 0 else b""
+        payload = struct.pack("!BBHII", opcode, flags, pkey, resv_qp, psn) + reth + body + rng.randbytes(4)
+        frames.append(bytes(Ether() / IP(src="198.18.8.1", dst="198.18.8.2") / UDP(sport=49152, dport=4791)
+                            / payload))
+    return frames
+
+
+@pytest.mark.parametrize("flaw", ["tver", "reserved", "misaligned", "pkey", "segments", "reth"])
+def test_near_misses_of_a_roce_stream_without_an_icrc_are_not_claimed(tmp_path, flaw):
+    """Without a verified ICRC a stream is RoCE only if all of its transport headers are: PSNs in sequence are
+    not enough when one thing RoCE always has is missing (TVer 0, reserved bits 0, a whole number of 4-byte
+    words, one P_Key, FIRST and MIDDLE packets of one path MTU, WRITEs as long as their RETH)."""
+    job = decode_paths([_write(tmp_path / "near.pcap", _bth_stream(flaw))], workers=0)
+    assert job.tables["streams"].num_rows == 0 and job.tables["messages"].num_rows == 0
+    assert job.summary["unclaimed"]["udp_ports"] == {4791: 12}
+
+
+@pytest.mark.parametrize("flaw", ["well formed", "well formed write"])
+def test_a_well_formed_stream_without_an_icrc_is_claimed_and_marked(tmp_path, flaw):
+    """The near misses' control: the same stream without the flaw is RoCE, claimed without a verified ICRC."""
+    job = decode_paths([_write(tmp_path / "near.pcap", _bth_stream(flaw))], workers=0)
+    streams = job.tables["streams"].to_pandas()
+    assert list(streams["protocol"]) == ["roce"] and not streams["icrc_verified"].any()
+    assert job.tables["messages"].num_rows == (4 if flaw.endswith("write") else 12)
+    assert any("1 RoCE queue-pair streams claimed without a verified ICRC" in w for w in job.summary["warnings"])

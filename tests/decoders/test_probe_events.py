@@ -1,4 +1,4 @@
-"""Pure parsers of probe events (sniffer/events.py), on bytes the real probes wrote.
+"""Pure parsers of probe events (decoders/formats/probe_events.py), on bytes the real probes wrote.
 
 The records below were taken from a real daemon run (probes-0001.events) while a pyzmq 26 / libzmq 4.3.5
 program (pid 1622) bound a PUSH socket on 127.0.0.1:5999, connected a PULL socket to it and sent
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dlcsniff.decoders.inputs.flow_owners import attribute_flows
 from dlcsniff.decoders.sansio import NEED_DATA
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.sniffer import ebpf
+from dlcsniff.sniffer import bpf_objects, ebpf
 from dlcsniff.decoders.formats import probe_events as ev
 from tests.conftest import REPO
 
@@ -182,7 +182,9 @@ def test_wrong_sizes_and_kinds_are_decode_errors():
 
 
 def test_every_macro_the_probes_use_is_defined_by_the_python_layouts():
-    defined = set(ev.layout_cflags())
+    # what the objects are built with: the record layouts, plus the build's own sizes (the ring buffer's)
+    defined = set(ev.layout_cflags()) | {name for source in bpf_objects.SOURCES for name, _ in source.defines}
+    assert set(ev.layout_cflags()) <= {name for name, _ in bpf_objects.PROBES.defines}
     used = set()
     for path in PROBES_DIR.glob("*.[ch]"):
         text = path.read_text()
@@ -302,3 +304,27 @@ def test_ring_records_stops_at_a_record_still_being_written():
     position = [0]
     assert [bytes(view) for view in ebpf.ring_records(data, 63, position, producer)] == [b"done"]
     assert position == [16]       # the busy record is read next time, once committed
+
+
+def test_a_connection_made_before_the_probes_is_owned_by_the_task_that_closes_it():
+    """Seen only from its end (made before the probes attached): close() turns it ESTABLISHED -> FIN_WAIT1 inside
+    the closing task, which owns it; the FIN that follows, handled in softirq by whatever task ran, names no one."""
+    established = parsed("CONNECT_ESTABLISHED")
+
+    def change(oldstate: int, newstate: int, tgid: int, at_ns: int) -> ev.SockEvent:
+        return ev.SockEvent(**{**{f: getattr(established, f) for f in ev.SockEvent.__slots__}, "tgid": tgid,
+                               "oldstate": oldstate, "newstate": newstate, "mono_ns": established.mono_ns + at_ns})
+
+    closed_here = [change(ev.TCP_ESTABLISHED, ev.TCP_FIN_WAIT1, WORKLOAD_PID, 10),
+                   change(ev.TCP_FIN_WAIT1, ev.TCP_CLOSE, 0, 20)]
+    (flow,) = attribute_flows(closed_here)
+    assert (flow.tgid, flow.source, flow.active) == (WORKLOAD_PID, "close", None)
+    # closed by the peer first: the FIN in softirq (no owner), then the last close() here
+    peer_first = [change(ev.TCP_ESTABLISHED, ev.TCP_CLOSE_WAIT, 0, 10),
+                  change(ev.TCP_CLOSE_WAIT, ev.TCP_LAST_ACK, WORKLOAD_PID, 20)]
+    (flow,) = attribute_flows(peer_first)
+    assert (flow.tgid, flow.source) == (WORKLOAD_PID, "close")
+    # a connection the probes saw made keeps its connect() owner
+    made = [*sock_events("CONNECT", "CONNECT_ESTABLISHED"), change(ev.TCP_ESTABLISHED, ev.TCP_FIN_WAIT1, 4242, 10)]
+    (flow,) = attribute_flows(made)
+    assert (flow.tgid, flow.source) == (WORKLOAD_PID, "connect")

@@ -2,8 +2,8 @@
 
 Ground truth: meta frames copied from a capture of a real MXNet 1.9.1 dist_sync job (scheduler, 2 servers,
 1 worker on loopback; libzmq 4.2.2 speaking ZMTP 3.0), each next to the line ps-lite itself logged for it with
-PS_VERBOSE=2, and bytes written by hand from dmlc/ps-lite src/meta.proto. tests/test_mxnet_attr.py runs such
-a job live; tests/test_byteps.py covers the bytedance raw-struct metas.
+PS_VERBOSE=2, and bytes written by hand from dmlc/ps-lite src/meta.proto. tests/decoders/test_mxnet_attr.py runs such
+a job live; tests/decoders/test_byteps.py covers the bytedance raw-struct metas.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.protocols.pslite_meta import PBMeta
+from dlcsniff.decoders.protocols.pslite.meta import PBMeta
 
 K_EMPTY_VARINT = "ffffffff07"       # 2**31 - 1 (ps-lite's kEmpty) as a protobuf varint
 

@@ -1,4 +1,4 @@
-"""RoCE / NCCL-IB decoding on generated captures (no RDMA stack here: see tests/roce_gen.py).
+"""RoCE / NCCL-IB decoding on generated captures (no RDMA stack here: see tests/support/roce_gen.py).
 
 The captures come from a simulation written from the protocol description, built with scapy's RoCE layer
 (whose RoCEv2 ICRC is scapy's own); every field the decoder reads is also read back by tshark's InfiniBand
@@ -23,8 +23,8 @@ from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
 from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
-from dlcsniff.decoders.protocols.nccl_socket import NcclSocketCaptureDecoder
-from dlcsniff.decoders.protocols.roce import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
+from dlcsniff.decoders.protocols.nccl_socket.decoder import NcclSocketCaptureDecoder
+from dlcsniff.decoders.protocols.roce.decoder import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
 from tests.conftest import require_tool
 from tests.support.protocol_driver import rows_of, run_decoder, run_decoders
 from tests.support.roce_gen import COUNTERS, CTS_LAYOUTS, NETWORKS, QP_A_SEND, QP_B_RECV, RETH, cts_entries, roce_capture
@@ -242,3 +242,44 @@ def test_fuzz_mutated_frames_never_raise(frames, data):
         decoder.receive_packet(Packet(1_700_000_000_000_000_000, linktype, bytes(frame), len(frame), 0))
     decoder.end_of_capture()
     rows_of(decoder)
+
+
+def _tshark_signals(path: Path, network: str) -> list[tuple]:
+    """(src, dst, dest QP, UDP source port, opcode, AETH syndrome, capture time in ns) of every RoCE frame, as
+    tshark reads them."""
+    ip = "ip" if network == "ipv4" else "ipv6"
+    fields = [f"{ip}.src", f"{ip}.dst", "infiniband.bth.destqp", "udp.srcport", "infiniband.bth.opcode",
+              "infiniband.aeth.syndrome", "frame.time_epoch"]
+    out = subprocess.run([require_tool("tshark"), "-r", str(path), "-Y", "infiniband", "-T", "fields",
+                          "-E", "separator=;", *[a for f in fields for a in ("-e", f)]],
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        src, dst, qp, sport, opcode, syndrome, epoch = line.split(";")
+        seconds, _, fraction = epoch.partition(".")
+        rows.append((src, dst, int(qp, 16), int(sport), int(opcode), int(syndrome) if syndrome else None,
+                     int(seconds) * 1_000_000_000 + int(fraction.ljust(9, "0")[:9])))
+    return rows
+
+
+@pytest.mark.parametrize("network", ["ipv4", "ipv6"])
+def test_udp_source_ports_and_signal_times_match_tshark(captures, network):
+    """The UDP source ports of each stream (what ECMP hashes on) with their packets, and when each CNP and NAK
+    was captured, as tshark reads them; as many retransmission times as the simulation retransmitted."""
+    truth = captures[(network, "2.30")]
+    rows, _ = run_decoder(truth.path, RoceCaptureDecoder())
+    frames = _tshark_signals(truth.path, network)
+    streams = {(s["src_ip"], s["dst_ip"], s["dest_qp"]): s for s in rows.extra_streams}
+    assert len(streams) == len(truth.streams)
+    for key, stream in streams.items():
+        mine = [frame for frame in frames if frame[:3] == key]
+        ports = sorted({frame[3] for frame in mine})
+        assert stream["udp_src_ports"] == ports
+        assert stream["udp_src_port_packets"] == [sum(frame[3] == port for frame in mine) for port in ports]
+        assert stream["cnp_times_ns"] == [frame[6] for frame in mine if frame[4] == 0x81]
+        assert stream["nak_times_ns"] == [frame[6] for frame in mine if frame[5] is not None and frame[5] & 0xE0
+                                       in (0x20, 0x60)]
+        assert len(stream["retransmitted_times_ns"]) == truth.streams[key].retransmitted_packets
+        assert set(stream["retransmitted_times_ns"]) <= {frame[6] for frame in mine}
+    assert sum(len(s["cnp_times_ns"]) for s in streams.values()) >= 2
+    assert sum(len(s["nak_times_ns"]) for s in streams.values()) >= 2

@@ -456,7 +456,7 @@ def test_fuzz_arbitrary_segments_keep_the_contract(packets):
         (src, sport), (dst, dport) = _ENDPOINTS[a], _ENDPOINTS[b]
         captured = payload[:max(0, len(payload) - cut_bytes)]
         collect(reassembler.feed(Segment(ts, src, dst, sport, dport, seq, ack, flags, memoryview(captured),
-                                         len(payload), 4)), out)
+                                         len(payload), 4, 65535)), out)
         assert all(s.buffered_bytes <= cap for s in reassembler.streams)
     collect(reassembler.finish(), out)
     for stream in reassembler.streams:

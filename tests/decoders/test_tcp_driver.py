@@ -1,4 +1,4 @@
-"""The batch decoder (decoders.fastpath) against the per-packet decode: the same tables, always.
+"""The batch decoder (decoders.tcp_driver) against the per-packet decode: the same tables, always.
 
 The per-packet decode (`decode_capture(batched=False)`) is the one the truth tests check against what
 the real programs logged; the batch decoder must give exactly its results (every row, every column, in
@@ -21,15 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.inputs import capture_file as capture
-from dlcsniff.decoders import tcp_driver as fastpath
+from dlcsniff.decoders import tcp_driver
 from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2,
-                             LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, ParseStats)
+                                      LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW, ParseStats)
 from dlcsniff.decoders.capture_decoder import decode_capture
 from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_paths
 from dlcsniff.decoders.tcp import StreamData, StreamGap, TcpReassembler, TcpStream
-from dlcsniff.decoders.protocols.zmtp import UNLIMITED_SKIP_BYTES, ZmtpDecoder
+from dlcsniff.decoders.protocols.base import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.protocols.zmtp.decoder import ZmtpDecoder
 from tests.conftest import PCAPS
 from tests.support.zmtp_tap import Gap, command, drain, frame, greeting_v3, message, random_chunks
 
@@ -190,7 +191,7 @@ DAMAGE = st.fixed_dictionaries({
     "not_tcp": st.sampled_from([0.0, 0.02]),
     "cut_tail": st.booleans(),
     "chunk_bytes": st.sampled_from([1 << 12, 1 << 16, 4 << 20]),
-    "min_bulk_share": st.sampled_from([0.0, fastpath._MIN_BULK_SHARE]),
+    "min_bulk_share": st.sampled_from([0.0, tcp_driver._MIN_BULK_SHARE]),
     "seed": st.integers(0, 2**16),
 })
 
@@ -236,7 +237,7 @@ def test_damaged_reencoded_real_captures_decode_identically_in_bulk(tmp_path, mo
     path = tmp_path / "damaged.cap"
     path.write_bytes(blob)
     monkeypatch.setattr(capture, "CHUNK_BYTES", damage["chunk_bytes"])
-    monkeypatch.setattr(fastpath, "_MIN_BULK_SHARE", damage["min_bulk_share"])
+    monkeypatch.setattr(tcp_driver, "_MIN_BULK_SHARE", damage["min_bulk_share"])
     assert_batched_is_per_packet([path])
 
 
@@ -273,7 +274,7 @@ class _Recorder:
         self.events.append(("skipped", stream_id, size, ts_ns))
 
     def on_other_packet(self, linktype: int, data, ts_ns: int) -> None:
-        pass    # compared in tests/test_pipeline_apps.py: RoCE and NCCL tables of both paths are equal
+        pass    # compared in tests/decoders/test_capture_decoder.py: RoCE and NCCL tables of both paths are equal
 
 
 def _stream_state(tcp: TcpReassembler) -> list[dict]:
@@ -297,6 +298,18 @@ def _reordered_capture(directory: Path) -> Path:
 
 
 @functools.cache
+def _dropped_capture(directory: Path) -> Path:
+    """The source capture with 5 % of its data segments left out, as an editing tool drops them: a hole every
+    twenty segments or so, each given up only once acknowledged and the reorder window has passed (or the
+    per-stream bound is reached), so the stream is buffered past holes most of the time."""
+    from tests.support.gloo_matrix import drop_segments
+
+    path = directory / "dropped.pcap"
+    drop_segments(SOURCE, path, 0.05, seed=22)
+    return path
+
+
+@functools.cache
 def _cut_capture(directory: Path) -> Path:
     """The source capture with every packet cut to 1200 bytes, as a snaplen does: most segments lose the
     tail of their payload, which stays on the wire (uncaptured, not lost)."""
@@ -308,26 +321,29 @@ def _cut_capture(directory: Path) -> Path:
 
 @pytest.mark.parametrize("acks_in_numpy", [True, False])
 @pytest.mark.parametrize("skips", [False, True])
-@pytest.mark.parametrize("variant", ["whole", "reordered", "cut"])
+@pytest.mark.parametrize("variant", ["whole", "reordered", "cut", "dropped"])
 def test_streams_after_each_batch_are_those_of_the_per_packet_decode(monkeypatch, tmp_path_factory, acks_in_numpy,
                                                                      skips, variant):
     """Every TcpStream field (acknowledgement state of the reorder window included) equals the per-packet
     one after every batch; a consumer that sees every byte gets exactly the per-packet events."""
-    monkeypatch.setattr(fastpath, "_VECTOR_ACKS_FROM", 0 if acks_in_numpy else 1 << 30)
-    monkeypatch.setattr(fastpath, "_MIN_BULK_SHARE", 0.0)      # bulk for every batch, however damaged
+    monkeypatch.setattr(tcp_driver, "_VECTOR_ACKS_FROM", 0 if acks_in_numpy else 1 << 30)
+    monkeypatch.setattr(tcp_driver, "_MIN_BULK_SHARE", 0.0)      # bulk for every batch, however damaged
     monkeypatch.setattr(capture, "CHUNK_BYTES", 1 << 20)
     stats = ParseStats(), ParseStats()
     batched, reference = TcpReassembler(), TcpReassembler()
     ours, theirs = _Recorder(skips), _Recorder(False)
-    decoder = fastpath.BatchDecoder(batched, ours, stats[0])
+    decoder = tcp_driver.BatchDecoder(batched, ours, stats[0])
     path = {"whole": lambda: SOURCE, "reordered": lambda: _reordered_capture(tmp_path_factory.getbasetemp()),
-            "cut": lambda: _cut_capture(tmp_path_factory.getbasetemp())}[variant]()
+            "cut": lambda: _cut_capture(tmp_path_factory.getbasetemp()),
+            "dropped": lambda: _dropped_capture(tmp_path_factory.getbasetemp())}[variant]()
     with open_capture(path) as reader:
         for batch in reader.batches():
             decoder.feed(batch)
             for packet in batch.packets():
-                fastpath.feed_packet(reference, theirs, packet.linktype, packet.data, packet.ts_ns, stats[1])
+                tcp_driver.feed_packet(reference, theirs, packet.linktype, packet.data, packet.ts_ns, stats[1])
             assert _stream_state(batched) == _stream_state(reference)
+    # buffering past holes (dropped) is done in bulk as well: only the packets that give a hole up, start one
+    # from a clean state, or repeat bytes take the per-packet path
     assert decoder.bulk_packets > (0.04 if variant == "reordered" else 0.9) * reader.packets
     assert any(s.acked_offset > 0 for s in batched.streams)
     if skips:
@@ -353,7 +369,7 @@ def _segment(src: int, dst: int, seq: int, ack: int, flags: int, payload: bytes 
 def test_acknowledgements_ahead_of_the_data_they_acknowledge(tmp_path, monkeypatch, acks_in_numpy):
     """Rises of the acknowledged offset while it is already past the delivered data (the capture saw the
     acknowledgements first) do not restart the reorder window: the same state as feed() leaves."""
-    monkeypatch.setattr(fastpath, "_VECTOR_ACKS_FROM", 0 if acks_in_numpy else 1 << 30)
+    monkeypatch.setattr(tcp_driver, "_VECTOR_ACKS_FROM", 0 if acks_in_numpy else 1 << 30)
     syn, ack_flag, psh = 0x02, 0x10, 0x08
     packets = [_segment(1, 2, 999, 0, syn), _segment(2, 1, 4999, 1000, syn | ack_flag),
                _segment(1, 2, 1000, 5000, ack_flag)]
@@ -371,7 +387,7 @@ def test_acknowledgements_ahead_of_the_data_they_acknowledge(tmp_path, monkeypat
     streams = []
     for batched in (True, False):
         tcp = TcpReassembler()
-        decoder = fastpath.BatchDecoder(tcp, _Recorder(False), ParseStats())
+        decoder = tcp_driver.BatchDecoder(tcp, _Recorder(False), ParseStats())
         with open_capture(path) as reader:
             for item in reader.batches() if batched else reader:
                 decoder.feed(item)

@@ -18,7 +18,8 @@ from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE
                                       LINKTYPE_LINUX_SLL2, LINKTYPE_LOOP, LINKTYPE_NULL, LINKTYPE_RAW)
 from tests.conftest import PCAPS
 
-FIELDS = ("index", "sport", "dport", "seq", "ack", "flags", "payload_start", "payload_len", "wire_len", "key")
+FIELDS = ("index", "sport", "dport", "seq", "ack", "flags", "payload_start", "payload_len", "wire_len", "window",
+          "key")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,10 +70,11 @@ def packets(draw) -> tuple[int, bytes]:
     else:
         link = b""
     tcp_header_len = draw(st.sampled_from([20, 32, 60]))
-    tcp = (struct.pack("!HHIIBB", draw(st.integers(0, 65535)), draw(st.integers(0, 65535)),
+    tcp = (struct.pack("!HHIIBBH", draw(st.integers(0, 65535)), draw(st.integers(0, 65535)),
                        draw(st.integers(0, 2**32 - 1)), draw(st.integers(0, 2**32 - 1)),
-                       draw(st.sampled_from([tcp_header_len // 4, 0, 4, 15])) << 4, draw(st.integers(0, 255)))
-           + bytes(tcp_header_len - 14))
+                       draw(st.sampled_from([tcp_header_len // 4, 0, 4, 15])) << 4, draw(st.integers(0, 255)),
+                       draw(st.sampled_from([0, 1, 65535, 29200])))
+           + bytes(tcp_header_len - 16))
     payload = bytes(draw(st.integers(0, 300)))
     protocol = draw(st.sampled_from([6, 6, 17, 1]))
     if ip_version == 6:

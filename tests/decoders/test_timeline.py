@@ -1,4 +1,4 @@
-"""One event per message of a job (analysis.merge): real MXNet and BytePS jobs decoded from every host's capture
+"""One event per message of a job (decoders.timeline): real MXNet and BytePS jobs decoded from every host's capture
 (BytePS's colocated jobs run a server and a worker on each host), against the messages ps-lite itself logged
 at both ends; one node's capture alone; and small hand-built captures for the corner cases (a message one
 capture missed, repeats of one identity, an observer's capture)."""
@@ -17,9 +17,9 @@ import pytest
 from dlcsniff.analysis import AnalysisError, load_job_view
 from dlcsniff.decoders.clocks import CLOCK_COLUMNS
 from dlcsniff.decoders.output_dir import read_manifest
-from dlcsniff.decoders.schema import EVENTS
+from dlcsniff.decoders.schema import CLOCKS, EVENTS
 from dlcsniff.decoders.timeline import EVENT_COLUMNS, job_view
-from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.output import write_decode_output
 from dlcsniff.decoders.job import decode_paths
 from tests.conftest import PCAPS
@@ -138,11 +138,11 @@ def test_decode_output_writes_both_tables(job_and_view):
     assert len(events) == summary["events"] == len(view.events)
     assert summary["reference"] == "scheduler" and len(clocks) == len({node["capture"] for node in job.nodes})
     recomputed = job_view(*_job_inputs(decode_dir))
-    pd.testing.assert_frame_equal(clocks, recomputed.clocks, check_dtype=False)
-    # the events as written are the events recomputed from the tables (through Parquet, in their schema)
-    written = io.BytesIO()
-    pq.write_table(EVENTS.from_frame(recomputed.events), written)
-    pd.testing.assert_frame_equal(events, pd.read_parquet(written))
+    # the events and clocks as written are those recomputed from the tables (through Parquet, in their schema)
+    for table, written_frame, frame in ((EVENTS, events, recomputed.events), (CLOCKS, clocks, recomputed.clocks)):
+        written = io.BytesIO()
+        pq.write_table(table.from_frame(frame), written)
+        pd.testing.assert_frame_equal(written_frame, pd.read_parquet(written))
     assert summary["losses"] == recomputed.losses
 
 

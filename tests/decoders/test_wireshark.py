@@ -40,7 +40,10 @@ from tests.support import zmtp_tap as z
 from tests.support.nccl_gen import TcpCapture
 
 # every folder of captures; the shared real captures of other protocols (NCCL over RoCE, perftest) on their own
-FOREIGN = sorted({str(p.parent.relative_to(PCAPS)) for p in (PCAPS / "realcaps").rglob("*.pcap*")})
+FOREIGN = sorted({str(p.parent.relative_to(PCAPS))
+                  for p in (PCAPS / "realcaps" / "softroce-tutorial").rglob("*.pcap*")})
+# and the bundled plain TCP job (lab/workloads/slow_reader.py), whose bytes are no protocol's
+FOREIGN += ["tcp_zero_window"]
 JOBS = sorted({str(p.parent.relative_to(PCAPS)) for p in PCAPS.rglob("*.pcap*")} - set(FOREIGN))
 KINDS = ("zmtp", "pslite", "gloo")
 FLAG_MORE, FLAG_LONG, FLAG_COMMAND = 0x01, 0x02, 0x04
@@ -241,7 +244,8 @@ def test_tshark_shows_the_messages_decode_found(job, shown_by_tshark, decoded_jo
 
 @pytest.mark.parametrize("job", FOREIGN)
 def test_nothing_is_claimed_in_real_traffic_of_other_protocols(job, shown_by_tshark):
-    """Real NCCL-over-RoCE and perftest captures made elsewhere (pcaps/realcaps): no zmtp, pslite or gloo."""
+    """Real NCCL-over-RoCE and perftest captures made elsewhere (pcaps/realcaps), and plain TCP: no zmtp, pslite
+    or gloo."""
     for capture in _captures(job):
         shown = shown_by_tshark[capture].result()
         assert not any(shown[kind] for kind in KINDS), f"{job}/{capture.name}: {shown}"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.protocols.zmtp import Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
+from dlcsniff.decoders.protocols.zmtp.decoder import Command, DecodeFailed, Greeting, Message, Resync, ZmtpDecoder
 from tests.support.zmtp_tap import (Gap, bytewise, command, decode, decode_with_invariants, drain, frame, greeting_v2,
                             greeting_v3, message, messages, metadata, random_chunks, v1_frame, v1_message,
                             without_timestamps)

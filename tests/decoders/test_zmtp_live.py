@@ -1,7 +1,7 @@
 """ZMTP decoder on the bytes real libzmq (pyzmq, libzmq 4.3.5, ZMTP 3.1) puts on TCP connections.
 
 Each test sends known messages between two real ZeroMQ sockets through a recording loopback relay
-(tests/zmtp_tap.py) and checks the decoded messages, frame by frame, against what was sent. A raw TCP
+(tests/support/zmtp_tap.py) and checks the decoded messages, frame by frame, against what was sent. A raw TCP
 peer speaking ZMTP 3.0, 2.0 and 1.0 by hand makes libzmq talk down to those versions; libzmq accepting
 the hand-built bytes in turn checks them.
 """
@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zmq.auth.thread import ThreadAuthenticator
 
-from dlcsniff.decoders.protocols.zmtp import Greeting, Message, Resync
-from tests.support.zmtp_tap import (Gap, Tap, TappedConnection, bytewise, command, commands, decode, decode_with_invariants,
-                            frame, greeting_v2, greeting_v3, message, messages, metadata, random_chunks, v1_frame,
-                            v1_message, without_timestamps)
+from dlcsniff.decoders.protocols.zmtp.decoder import Greeting, Message, Resync
+from tests.support.zmtp_tap import (Gap, Tap, TappedConnection, bytewise, command, commands, decode,
+                                    decode_with_invariants, frame, greeting_v2, greeting_v3, message, messages,
+                                    metadata, random_chunks, v1_frame, v1_message, without_timestamps)
 
 LINGER_MS = 2000
 RECV_TIMEOUT_MS = 10_000

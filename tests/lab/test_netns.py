@@ -1,4 +1,4 @@
-"""sniffer.netns on the real kernel: namespaces on a bridge, TCP between them seen by tcpdump in each,
+"""lab.netns on the real kernel: namespaces on a bridge, TCP between them seen by tcpdump in each,
 and nothing left behind afterwards (needs root, as on every machine of this project)."""
 
 from __future__ import annotations

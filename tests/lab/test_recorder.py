@@ -266,8 +266,13 @@ LINKTYPE_LINUX_SLL2 = 276
 def check_captures(job) -> None:
     subnet = ipaddress.ip_network(job.meta["subnet"])
     assert subnet.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
+    # the Gloo hang's ranks fail by design (the others at their timeout, the stopped one once they are gone); the
+    # MXNet hang is killed by the recorder, given up on
+    fault = job.meta.get("fault") or {}
+    given_up = fault.get("given_up_after_s") is not None
+    exit_code = -9 if given_up else 1 if fault.get("kind") == "hang" else 0
     for node in job.nodes:
-        assert node["exit_code"] == 0 and not node["killed_by_recorder"], node["name"]
+        assert node["exit_code"] == exit_code and node["killed_by_recorder"] == given_up, node["name"]
         packets = 0
         with job.open_capture(node["name"]) as capture:
             reader = dpkt.pcap.Reader(capture)
@@ -288,7 +293,8 @@ def check_captures(job) -> None:
 
 
 @pytest.mark.parametrize("job_name", [*PSLITE_JOBS, "mxnet_noise", "zmq", "gloo", "gloo_matrix_k2",
-                                      "gloo_matrix_k3"])
+                                      "gloo_matrix_k3", "gloo_straggler", "gloo_straggler_sigstop", "gloo_hang",
+                                      "gloo_slow_link", "mxnet_hang", "tcp_zero_window"])
 def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
     job = load_job(PCAPS / job_name)
     check_captures(job)
@@ -296,8 +302,9 @@ def test_captures_match_tcpdump_counts_and_stay_in_the_cluster(job_name):
 
 
 def test_bundled_captures_stay_small():
-    """Every job shape the tests need, in under 45 MB (the corpus of real captures included)."""
-    assert sum(p.stat().st_size for p in PCAPS.rglob("*") if p.is_file()) < 45_000_000
+    """Every job shape the tests need, in under 58 MB (the corpus of real captures and the fault jobs of
+    `dlcsniff diagnose`, 12 MB of it, included)."""
+    assert sum(p.stat().st_size for p in PCAPS.rglob("*") if p.is_file()) < 58_000_000
 
 
 @pytest.mark.root

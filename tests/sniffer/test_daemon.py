@@ -22,6 +22,7 @@ from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir
 from dlcsniff.decoders.formats import probe_events as ev
 from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, FORMAT
+from dlcsniff.sniffer import bpf_objects
 from dlcsniff.sniffer.capture_dir import DiskBudget
 from dlcsniff.sniffer.options import DaemonError, capture_filter, parse_ports
 from lab.netns import Cluster
@@ -144,9 +145,12 @@ BAD_OPTIONS = [
     (["--iface", "nosuch0"], "no interface 'nosuch0'"),
     (["--iface", "lo", "--filter", "tcp port"], "bad filter"),
     (["--iface", "lo", "--ports", "70000"], "--ports"),
+    (["--iface", "lo", "--rotate-size", "999kB"], "--rotate-size must be at least 1 MB"),
     (["--iface", "lo", "--rotate-mb", "0"], "--rotate-mb"),
+    (["--iface", "lo", "--max-disk", "0"], "--max-disk must be at least 1 MB"),
     (["--iface", "lo", "--max-disk-mb", "0"], "--max-disk-mb"),
-    (["--iface", "lo", "--snaplen", "300000"], "--snaplen"),
+    (["--iface", "lo", "--snaplen", "300000B"], "--snaplen"),
+    (["--iface", "lo", "--buffer-size", "8GiB"], "--buffer-size must be within"),
     (["--iface", "lo", "--duration", "0"], "--duration"),
     (["--iface", "lo", "--user", "no-such-user-here"], "no such user"),
     (["--iface", "lo", "--lib", "/etc/hostname"], "exports neither libzmq"),
@@ -217,7 +221,7 @@ def test_sigterm_flushes_everything_and_privileges_are_dropped(node, tmp_path):
 
 def test_sigkill_leaves_readable_files_and_a_restart_adds_a_set(node, tmp_path):
     out = tmp_path / "capture"
-    args = ["--iface", "lo", "--out", str(out), "--ports", str(TRAFFIC_PORT), "--rotate-mb", "1"]
+    args = ["--iface", "lo", "--out", str(out), "--ports", str(TRAFFIC_PORT), "--rotate-size", "1MB"]
     daemon = RunningDaemon(args, netns=netns(node))
     traffic = None
     try:
@@ -247,7 +251,7 @@ def test_sigkill_leaves_readable_files_and_a_restart_adds_a_set(node, tmp_path):
     assert not bad and found
     before = file_digests(out)
 
-    restarted = RunningDaemon([*args, "--duration", "1"], netns=netns(node))
+    restarted = RunningDaemon([*args, "--duration", "1s"], netns=netns(node))
     restarted.wait_ready()
     assert restarted.wait(30) == 0, restarted.stderr
     assert file_digests(out).items() >= before.items()      # the old set untouched
@@ -264,8 +268,8 @@ def test_sigkill_leaves_readable_files_and_a_restart_adds_a_set(node, tmp_path):
 def test_disk_budget_is_never_exceeded(node, tmp_path):
     out = tmp_path / "capture"
     budget_bytes = 3_000_000
-    daemon = RunningDaemon(["--iface", "lo", "--out", str(out), "--ports", str(TRAFFIC_PORT), "--rotate-mb", "1",
-                            "--max-disk-mb", "3", "--snaplen", "2000"], netns=netns(node))
+    daemon = RunningDaemon(["--iface", "lo", "--out", str(out), "--ports", str(TRAFFIC_PORT), "--rotate-size", "1MB",
+                            "--max-disk", "3MB", "--snaplen", "2000B"], netns=netns(node))
     traffic = None
     peak = 0
     try:
@@ -293,7 +297,7 @@ def test_disk_budget_is_never_exceeded(node, tmp_path):
     assert allocated_bytes(out) > budget_bytes - 100_000
     # a restart finds no room for a new set: it says so before touching anything
     before = file_digests(out)
-    again = subprocess.run([str(DLCSNIFF), "capture", "--iface", "lo", "--out", str(out), "--max-disk-mb", "3"],
+    again = subprocess.run([str(DLCSNIFF), "capture", "--iface", "lo", "--out", str(out), "--max-disk", "3MB"],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "no room for a new file set" in again.stderr
     assert file_digests(out) == before
@@ -326,34 +330,90 @@ def test_full_disk_stops_cleanly(node, tmp_path):
         subprocess.run(["umount", str(mount_point)], check=True)
 
 
-def test_without_kernel_headers_it_says_so_once_and_captures_packets(node, tmp_path):
-    """A mount namespace where /lib/modules and /usr/src are empty: bcc cannot compile."""
-    out = tmp_path / "capture"
-    hide = ("mount -t tmpfs none /lib/modules && mount -t tmpfs none /usr/src && exec \"$@\"")
-    argv = ["ip", "netns", "exec", netns(node), "unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh",
-            str(DLCSNIFF), "capture", "--iface", "lo", "--out", str(out), "--duration", "2"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.count("eBPF probes off") == 1 and "no kernel headers" in done.stderr
-    info = json.loads((out / "capture.json").read_text())
-    assert info["runs"][0]["ebpf"]["enabled"] is False
+NO_CLANG_PATH = "/usr/sbin:/sbin"      # clang is in /usr/bin
+NOT_BUILT = (str(bpf_objects.BUILD_DIR), str(bpf_objects.CACHE_DIR.parent))     # no object anywhere
+
+
+def hidden_run(cluster: Cluster, out: Path, hidden: tuple[str, ...], *, path: str | None = None,
+               runs: int = 1) -> tuple[str, dict]:
+    """`dlcsniff capture` on lo in the node's namespace, `runs` times in one mount namespace where each directory
+    of `hidden` is an empty tmpfs (and with `path` as its PATH), each stopped once its probes are attached or
+    off: what it printed, and the last run of capture.json."""
+    Path(bpf_objects.CACHE_DIR.parent).mkdir(parents=True, exist_ok=True)
+    # a directory the machine does not have (a container without /lib/modules) is hidden already
+    hide = "\n".join([*(f"if [ -d {hidden_dir} ]; then mount -t tmpfs none {hidden_dir} || exit 1; fi"
+                         for hidden_dir in hidden),
+                       *([f"export PATH={path}"] if path else []),
+                       # each run but the last: the daemon as a job of this shell, stopped at a line on its stdin
+                       *(['"$@" & read line; kill -TERM $!; wait $!'] * (runs - 1)), 'exec "$@"'])
+    wrapper = ("unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh")
+    daemon = RunningDaemon(["--iface", "lo", "--out", str(out)], netns=netns(cluster), wrapper=wrapper,
+                           stdin=subprocess.PIPE)
+    try:
+        for run in range(runs):
+            daemon.wait_loaded(count=run + 1)
+            if run + 1 < runs:
+                daemon.process.stdin.write("next\n")
+                daemon.process.stdin.flush()
+        assert daemon.stop() == 0, daemon.stderr
+    finally:
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr, daemon.stderr
+    return daemon.stderr, json.loads((out / "capture.json").read_text())["runs"][-1]
+
+
+def test_the_probes_need_neither_kernel_headers_nor_a_compiler_at_start(node, tmp_path):
+    """/lib/modules, /usr/src emptied, and clang not on the PATH: the objects `make setup` built load as they are
+    (CO-RE, against the kernel's BTF)."""
+    stderr, run = hidden_run(node, tmp_path / "capture", ("/lib/modules", "/usr/src"), path=NO_CLANG_PATH)
+    assert "eBPF probes attached" in stderr and "eBPF probes off" not in stderr and "compiled now" not in stderr
+    assert run["ebpf"]["enabled"] is True and run["ebpf"]["netns_filtered"] is True
+    assert run["payload"]["mode"] == "zmtp-cut"
+
+
+def test_objects_not_built_are_built_at_start_and_cached(node, tmp_path):
+    """A package installed without `make setup`: the root helper builds the objects with clang in the
+    background (packets are captured meanwhile), says so, and caches them; the next start finds them."""
+    stderr, run = hidden_run(node, tmp_path / "capture", NOT_BUILT, runs=2)
+    for source in bpf_objects.SOURCES:
+        assert stderr.count(f"{source.name}: not built by `make setup`: compiled now with clang") == 1, stderr
+    assert stderr.count("eBPF probes attached") == 2 and stderr.count("payload: zmtp-cut") == 2
+    assert run["ebpf"]["enabled"] is True
+    assert not (bpf_objects.CACHE_DIR / bpf_objects.PROBES.file_name).exists()     # only in that mount namespace
+
+
+def test_without_objects_nor_clang_it_says_so_once_and_captures_packets(node, tmp_path):
+    stderr, run = hidden_run(node, tmp_path / "capture", NOT_BUILT, path=NO_CLANG_PATH)
+    assert stderr.count("eBPF probes off") == 1 and "clang is missing" in stderr
+    assert run["ebpf"]["enabled"] is False and "clang is missing" in run["ebpf"]["reason"]
+    assert run["payload"]["mode"] == "full" and "clang is missing" in run["payload"]["reason"]
+    info = json.loads((tmp_path / "capture" / "capture.json").read_text())
     assert [item["kind"] for item in info["files"]] == ["packets"]
 
 
-def test_print_bpf_shows_the_program_and_flags_used_here():
-    from dlcsniff.sniffer import ebpf
 
-    from dlcsniff.sniffer import snap_filter
+def test_on_a_kernel_without_btf_the_probes_are_off_and_packets_still_captured_and_cut(node, tmp_path):
+    """/sys/kernel/btf hidden, as on a kernel built without CONFIG_DEBUG_INFO_BTF: the probes (CO-RE) cannot load,
+    and the daemon says so once, with what that costs; the cut reads no kernel structure and still runs."""
+    stderr, run = hidden_run(node, tmp_path / "capture", ("/sys/kernel/btf",))
+    assert stderr.count("eBPF probes off (the kernel has no BTF") == 1, stderr
+    assert "packets are still captured, and cut, but no flow is attributed to a process" in stderr
+    assert run["ebpf"]["enabled"] is False and "no BTF" in run["ebpf"]["reason"]
+    assert run["payload"]["mode"] == "zmtp-cut"
+    info = json.loads((tmp_path / "capture" / "capture.json").read_text())
+    assert [item["kind"] for item in info["files"]] == ["packets"]
 
+def test_print_bpf_shows_the_objects_and_the_settings_used_here():
     done = subprocess.run([str(DLCSNIFF), "capture", "--print-bpf", "--ports", "9000-9100"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    for path in (*ebpf.PROGRAM_FILES, snap_filter.SNAP_SOURCE):
-        assert path.read_text() in done.stdout
-    assert "-DSNAP_PORT_WANTED(port)=(((port) >= 9000 && (port) <= 9100))" in done.stdout
-    assert f"-DNETNS_INUM={os.stat('/proc/self/ns/net').st_ino}" in done.stdout
-    for name, offset in ebpf.kernel_offsets().items():
-        assert f"-D{name}={offset}" in done.stdout
+    for source in bpf_objects.SOURCES:
+        assert f"// ==== {source.name}: {bpf_objects.BUILD_DIR / source.file_name}" in done.stdout
+        assert all(f"//   {flag}" in done.stdout for flag in source.cflags())
+        for part in source.parts:
+            assert part.read_text() in done.stdout
+    assert f"//   netns_inum = {os.stat('/proc/self/ns/net').st_ino}" in done.stdout
+    assert "//   snap_ports_filtered = 1" in done.stdout and "//   snap_ports_wanted = 101 bits set" in done.stdout
 
 
 def test_the_systemd_unit_is_valid_and_runs_our_options(tmp_path):

@@ -2,16 +2,19 @@
 read from /proc/PID/status while it captures, and the probes shown to work with what is left.
 
 Two daemons capture at once in one namespace: one with every probe (libzmq calls included), one packets only.
-A pyzmq program starts after both gave up root, so its libzmq is found and probed by a daemon that is no
-longer root: the probe helper loaded the programs and exited, the daemon attaches uprobe links (no
-capability asked by the kernel) and reads the library's symbols (CAP_DAC_READ_SEARCH: a job's libraries may
-lie in a directory closed to the daemon's user; the test's own lies in /tmp/pytest-of-root, mode 0700).
+A pyzmq program starts after both gave up root, so its libzmq is found and probed by a daemon that holds no
+capability at all: its root helper loaded the programs, gave up root and opens, on request, only files a
+process of the namespace maps; the daemon attaches uprobe links (no capability asked by the kernel) and reads
+the library's symbols through that descriptor (a job's libraries may lie in a directory closed to the daemon's
+user; the test's own lies in /tmp/pytest-of-root, mode 0700). The helper itself is asked for what it must
+refuse.
 """
 from __future__ import annotations
 
 import json
 import os
 import pwd
+import select
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir
-from dlcsniff.sniffer.privileges import CAP_DAC_READ_SEARCH
+from dlcsniff.sniffer import ebpf, procnet
+from dlcsniff.sniffer.root_helper import HELPER_CAPABILITIES, start_probes_helper
 from lab.netns import Cluster
 from tests.conftest import require_root, require_workloads
-from tests.support.daemon import RunningDaemon
+from tests.support.daemon import TOOL_PYTHON, RunningDaemon
 
 pytestmark = pytest.mark.root
 
@@ -88,18 +92,78 @@ def test_every_dlcsniff_process_keeps_only_what_capturing_needs(tmp_path):
             for daemon in daemons.values():
                 daemon.kill()
     assert sizes == [4, 3000]
-    for name, kept in (("probes", 1 << CAP_DAC_READ_SEARCH), ("packets", 0)):
-        # one process each: the probe helper that loaded the programs as root has exited
-        assert list(statuses[name]) == [daemons[name].process.pid], statuses[name]
-        status = statuses[name][daemons[name].process.pid]
-        assert status["Uid"].split() == [str(tcpdump.pw_uid)] * 4 and status["Gid"].split() == [str(tcpdump.pw_gid)] * 4
-        assert status["Groups"].strip() == ""
-        for field in ("CapEff", "CapPrm", "CapBnd"):
-            assert int(status[field], 16) == kept, (name, field, status[field])
-        assert int(status["CapInh"], 16) == 0 == int(status["CapAmb"], 16)
-        assert status["NoNewPrivs"].strip() == "1"
+    helper_capabilities = sum(1 << capability for capability in HELPER_CAPABILITIES)
+    for name in outs:
+        daemon_pid = daemons[name].process.pid
+        # the packets-only daemon runs alone; the other one beside its root helper, which dropped root too
+        assert daemon_pid in statuses[name] and len(statuses[name]) == (1 if name == "packets" else 2), statuses
+        for pid, status in statuses[name].items():
+            kept = 0 if pid == daemon_pid else helper_capabilities
+            assert status["Uid"].split() == [str(tcpdump.pw_uid)] * 4, (name, pid)
+            assert status["Gid"].split() == [str(tcpdump.pw_gid)] * 4 and status["Groups"].strip() == ""
+            for field in ("CapEff", "CapPrm", "CapBnd"):
+                assert int(status[field], 16) == kept, (name, pid, field, status[field])
+            assert int(status["CapInh"], 16) == 0 == int(status["CapAmb"], 16)
+            assert status["NoNewPrivs"].strip() == "1"
     # and with no more than that, the probes attached to a library loaded after root was given up
     loaded = load_capture_dir(outs["probes"])
     sends = loaded.zmq_events[(loaded.zmq_events["pid"] == program.pid) & (loaded.zmq_events["direction"] == "send")]
     assert list(sends["size_bytes"]) == [4, 3000]
     assert list(loaded.libraries["pid"]) == [program.pid]
+
+
+def test_the_root_helper_opens_only_files_a_process_of_its_namespace_maps(tmp_path):
+    """The helper as the daemon starts it (here from the test, in the root namespace): once it has dropped root
+    it hands out a library a process of its namespace maps executable, and nothing else: not a file no process
+    maps, not a file mapped only as data, not a library of a process in another namespace."""
+    require_root()
+    tcpdump = pwd.getpwnam("tcpdump")
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(b"\x7fELF, but a key all the same")
+    secret.chmod(0o600)
+    holder = subprocess.Popen([str(TOOL_PYTHON), "-c", MAPS_A_SECRET, str(secret)], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"mapped"
+    libc = next(item for item in procnet.executable_files(holder.pid) if "libc.so" in item.path)
+    helper = start_probes_helper(tcpdump)
+    try:
+        helper.go(ebpf.probe_settings(netns=ebpf.netns_inode(), loader=None))
+        select.select([helper], [], [], 60)
+        loaded = helper.poll()
+        assert loaded.what == "probes" and loaded.error is None, loaded.error
+        loaded.probes.close()
+        reply, fds = helper.request(op="open", pid=holder.pid, paths=[str(secret), libc.path])
+        status = status_of(helper.pid)         # it answers once it has dropped root
+        assert int(status["CapEff"], 16) == sum(1 << capability for capability in HELPER_CAPABILITIES)
+        assert status["Uid"].split()[0] == str(tcpdump.pw_uid)
+        assert [item["path"] for item in reply["opened"]] == [libc.path] and len(fds) == 1
+        assert os.pread(fds[0], 4, 0) == b"\x7fELF" and os.fstat(fds[0]).st_ino == libc.inode
+        os.close(fds[0])
+        # a file no process maps: not opened, whatever the path
+        reply, fds = helper.request(op="open", pid=os.getpid(), paths=[str(secret), "/etc/shadow"])
+        assert reply["opened"] == [] == fds
+        with Cluster(f"hlp{os.getpid() % 100000}", ["other"]) as cluster:
+            other = cluster.popen("other", [str(TOOL_PYTHON), "-c", MAPS_A_SECRET, str(secret)],
+                                  stdout=subprocess.PIPE)
+            assert other.stdout.readline().strip() == b"mapped"
+            other_libc = next(item for item in procnet.executable_files(other.pid) if "libc.so" in item.path)
+            reply, fds = helper.request(op="open", pid=other.pid, paths=[other_libc.path])
+            assert reply["opened"] == [] == fds
+            reply, _ = helper.request(op="files", pids=[other.pid, holder.pid])
+            assert list(reply["files"]) == [str(holder.pid)]
+            other.kill()
+            other.wait()
+    finally:
+        helper.close()
+        holder.kill()
+        holder.wait()
+    assert helper.exit_status == 0
+
+
+# Maps a file (argv[1]) as data, as a process may map a key, and waits.
+MAPS_A_SECRET = r"""
+import mmap, sys
+with open(sys.argv[1], "rb") as file:
+    mapped = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ)
+print("mapped", flush=True)
+import time; time.sleep(300)
+"""

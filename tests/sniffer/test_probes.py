@@ -6,20 +6,20 @@ loader's hook finds it, and the daemon attaches its uprobes without a capability
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
-import struct
 import subprocess
-
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages
-from dlcsniff.sniffer import ebpf, procnet, uprobes
-from dlcsniff.sniffer.elf_symbols import elf_symbols
+from dlcsniff.sniffer import bpf_objects, ebpf, procnet, snap_filter, uprobes
+from dlcsniff.sniffer.elf_symbols import elf_symbols, section_variables
 from lab.netns import Cluster
 from tests.conftest import require_root, require_tool, require_workloads
 from tests.support.daemon import TOOL_PYTHON, RunningDaemon
@@ -61,47 +61,55 @@ def test_socket_owners_finds_this_process_sockets():
             assert found.comm == procnet.comm_of(os.getpid())
 
 
-# -- BTF: where the probes read kernel structures --------------------------------------------------------
-
-def _btf(types: list[bytes], names: list[str]) -> bytes:
-    """A BTF blob (linux/btf.h): header, type records, string section."""
-    strings = b"\0" + b"".join(name.encode() + b"\0" for name in names)
-    type_section = b"".join(types)
-    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(type_section), len(type_section), len(strings)) \
-        + type_section + strings
-
-
-def test_btf_member_offsets_through_anonymous_members_typedefs_and_bitfields():
-    names = ["int", "a", "b", "inner", "x", "y", "z", "outer", "tail", "inner_t"]
-    name_off = {name: 1 + sum(len(n) + 1 for n in names[:index]) for index, name in enumerate(names)}
-
-    def record(name, kind, vlen, size_or_type, kflag=0):
-        return struct.pack("<III", name_off.get(name, 0), (kflag << 31) | (kind << 24) | vlen, size_or_type)
-
-    def member(name, type_id, offset_bits):
-        return struct.pack("<III", name_off.get(name, 0), type_id, offset_bits)
-
-    types = [
-        record("int", 1, 0, 4) + struct.pack("<I", 32),                                      # 1: int
-        record("inner", 4, 2, 8) + member("a", 1, 0) + member("b", 1, 32),                     # 2: struct inner
-        record(None, 5, 2, 4) + member("y", 1, 0) + member("z", 1, 0),                         # 3: anonymous union
-        record("inner_t", 8, 0, 2),                                                            # 4: typedef inner_t
-        # 5: struct outer { int x:3 (kflag: bitfield size 3); union {y; z}; inner_t tail; }
-        record("outer", 4, 3, 16, kflag=1) + member("x", 1, (3 << 24) | 0) + member(None, 3, 32)
-        + member("tail", 4, 64),
-    ]
-    offsets = ebpf.btf_member_offsets(_btf(types, names), {
-        "Z": ("outer", "z"), "TAIL_B": ("outer", "tail.b"), "X": ("outer", "x"), "A": ("inner", "a")})
-    assert offsets == {"Z": 4, "TAIL_B": 12, "X": 0, "A": 0}
-    with pytest.raises(ebpf.EbpfUnavailable, match="no member tail.c"):
-        ebpf.btf_member_offsets(_btf(types, names), {"C": ("outer", "tail.c")})
-    with pytest.raises(ebpf.EbpfUnavailable, match="no struct missing"):
-        ebpf.btf_member_offsets(_btf(types, names), {"M": ("missing", "a")})
+def test_parse_maps_keeps_each_executable_file_once():
+    maps = ("55d0c6a00000-55d0c6a28000 r--p 00000000 fe:00 1312 /usr/bin/python3.11\n"
+            "55d0c6a28000-55d0c6cd0000 r-xp 00028000 fe:00 1312 /usr/bin/python3.11\n"
+            "7f1c2a000000-7f1c2a100000 r-xp 00000000 00:2e 77 /tmp/a dir/libzmq.so.5\n"
+            "7f1c2a200000-7f1c2a300000 r-xp 00100000 00:2e 77 /tmp/a dir/libzmq.so.5\n"
+            "7f1c2b000000-7f1c2b001000 r-xp 00000000 00:00 0 [vdso]\n"
+            "7f1c2c000000-7f1c2c100000 rw-s 00000000 00:01 4242 /dev/zero (deleted)\n")
+    assert procnet.parse_maps(maps) == [
+        procnet.MappedFile("/usr/bin/python3.11", os.makedev(0xFE, 0), 1312, "55d0c6a28000-55d0c6cd0000"),
+        procnet.MappedFile("/tmp/a dir/libzmq.so.5", os.makedev(0, 0x2E), 77, "7f1c2a000000-7f1c2a100000")]
 
 
-def test_the_running_kernel_has_every_member_the_probes_read():
-    # (that they are the right ones shows in the live tests: namespace filtering, process names)
-    assert set(ebpf.kernel_offsets()) == set(ebpf.KERNEL_MEMBERS)
+def test_mapped_files_are_opened_by_the_paths_a_loader_names_them(tmp_path):
+    """A loader names an object by the path it opened (a link, often): the helper finds the mapping by inode,
+    and opens the mapping's own file once, named as /proc names it."""
+    require_root()
+    libc = next(item for item in procnet.executable_files(os.getpid()) if "/libc.so" in item.path)
+    link = tmp_path / "libc-by-another-name.so.6"
+    link.symlink_to(libc.path)
+    opened = procnet.open_mapped_files(os.getpid(), [str(link), "/nonexistent/libzmq.so", libc.path,
+                                                     str(tmp_path)])
+    assert [mapped for mapped, _ in opened] == [libc]
+    for _, fd in opened:
+        assert os.fstat(fd).st_ino == libc.inode and os.pread(fd, 4, 0) == b"\x7fELF"
+        os.close(fd)
+
+
+# -- the objects: built once, their settings found where libbpf sets them -----------------------------------
+
+def test_built_objects_have_their_settings_where_readelf_places_them():
+    """The run's settings are written at the offsets section_variables finds in each object's .rodata: binutils'
+    readelf, reading the same objects, places every one of them there, with its size."""
+    for source, names in ((bpf_objects.PROBES, ebpf.probe_settings(netns=1, loader=uprobes.find_loader())),
+                          (bpf_objects.SNAP, snap_filter.snap_settings(link_header_bytes=14, port_ranges=[(1, 2)]))):
+        elf, built_now = bpf_objects.object_bytes(source)
+        assert built_now is None, "make setup builds the objects"
+        path = bpf_objects.BUILD_DIR / source.file_name
+        listing = subprocess.run([require_tool("readelf"), "-sW", str(path)], capture_output=True, text=True,
+                                 check=True).stdout
+        sections = subprocess.run([require_tool("readelf"), "-SW", str(path)], capture_output=True, text=True,
+                                  check=True).stdout
+        rodata_index = next(line.split("]")[0].strip(" [") for line in sections.splitlines()
+                            if line.split("]")[-1].split()[:1] == [".rodata"])
+        readelf = {fields[7]: (int(fields[1], 16), int(fields[2])) for fields in map(str.split, listing.splitlines())
+                   if len(fields) == 8 and fields[3] == "OBJECT" and fields[6] == rodata_index}
+        found = section_variables(elf, ".rodata")
+        assert found == readelf and set(names) <= set(found), source.name
+        assert all(found[name][1] == len(value) for name, value in names.items())
+    assert section_variables(b"not an ELF file", ".rodata") == {}
 
 
 # -- which libraries get uprobes ------------------------------------------------------------------------------
@@ -155,10 +163,10 @@ def test_elf_symbols_agree_with_nm_on_the_libraries_jobs_load(tmp_path):
 def test_every_zmq_events_choice_has_its_probes():
     from dlcsniff.sniffer.options import ZMQ_EVENTS
     assert tuple(uprobes.ZMQ_PROBES) == ZMQ_EVENTS
-    text = ebpf.program_text()
+    text = "".join(part.read_text() for part in bpf_objects.PROBES.parts)
     for choice in ZMQ_EVENTS:
         for program in uprobes.uprobe_programs(choice, loader=True):
-            assert f"int {program}(struct pt_regs *ctx)" in text
+            assert f'SEC("uprobe")\nint {program}(struct pt_regs *ctx)' in text
 
 
 # -- flows across namespaces -----------------------------------------------------------------------------------
@@ -197,6 +205,24 @@ sys.stdin.readline()
 """
 
 
+@contextlib.contextmanager
+def daemons_on_both(cluster: Cluster, tmp_path: Path):
+    """A daemon on the eth0 of the server and of the client (--ports PORT, into tmp_path/NAME), ready (probes on)
+    when the block begins, stopped when it ends."""
+    daemons = {name: RunningDaemon(["--iface", "eth0", "--out", str(tmp_path / name), "--ports", str(PORT)],
+                                   netns=cluster.host(name).netns)
+               for name in ("server", "client")}
+    try:
+        for daemon in daemons.values():
+            daemon.wait_ready()
+        yield
+        for daemon in daemons.values():
+            assert daemon.stop() == 0, daemon.stderr
+    finally:
+        for daemon in daemons.values():
+            daemon.kill()
+
+
 def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
     require_root()
     with Cluster(f"prb{os.getpid() % 100000}", ["server", "client"]) as cluster:
@@ -207,12 +233,7 @@ def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
         client = cluster.popen("client", [str(TOOL_PYTHON), "-c", CLIENT, server_ip, str(PORT)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         early_port = json.loads(client.stdout.readline())["early"]
-        daemons = {name: RunningDaemon(["--iface", "eth0", "--out", str(tmp_path / name), "--ports", str(PORT)],
-                                       netns=cluster.host(name).netns)
-                   for name in ("server", "client")}
-        try:
-            for daemon in daemons.values():
-                daemon.wait_ready()
+        with daemons_on_both(cluster, tmp_path):
             client.stdin.write(b"go\n")
             client.stdin.flush()
             late_ports = json.loads(client.stdout.readline())["late"]
@@ -220,11 +241,6 @@ def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
                 process.stdin.write(b"done\n")
                 process.stdin.flush()
                 assert process.wait(timeout=30) == 0
-            for daemon in daemons.values():
-                assert daemon.stop() == 0, daemon.stderr
-        finally:
-            for daemon in daemons.values():
-                daemon.kill()
     server_flows = load_capture_dir(tmp_path / "server").flows
     client_flows = load_capture_dir(tmp_path / "client").flows
 
@@ -248,6 +264,95 @@ def test_every_flow_is_attributed_to_the_process_that_owned_it(tmp_path):
     assert set(server_flows["pid"].dropna()) == {server.pid}
     assert set(client_flows["pid"].dropna()) == {client.pid}
     assert set(server_flows.loc[server_flows["source"] != "proc", "local_ip"]) == {server_ip}
+
+
+
+CHURN_SERVER = r"""
+import selectors, socket, sys
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("0.0.0.0", int(sys.argv[1])))
+listener.listen(128)
+print("listening", flush=True)
+selector = selectors.DefaultSelector()
+selector.register(listener, selectors.EVENT_READ)
+selector.register(sys.stdin, selectors.EVENT_READ)
+while True:
+    for key, _ in selector.select():
+        if key.fileobj is sys.stdin:
+            sys.exit(0)
+        if key.fileobj is listener:
+            conn, _ = listener.accept()
+            selector.register(conn, selectors.EVENT_READ)
+        elif not key.fileobj.recv(65536):
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
+"""
+# A new connection every 2 ms, each held for the next eight (the client closes first: its end waits in
+# TIME_WAIT), until a line on stdin; then the local port of every connection it made.
+CHURN_CLIENT = r"""
+import json, socket, sys, threading, time
+server, port = sys.argv[1], int(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+held, ports = [], []
+while not stop.is_set():
+    conn = socket.create_connection((server, port))
+    conn.sendall(b"x")
+    ports.append(conn.getsockname()[1])
+    held.append(conn)
+    if len(held) > 8:
+        held.pop(0).close()
+    if len(ports) == 1:
+        print("connected", flush=True)
+    time.sleep(0.002)
+for conn in held:
+    conn.close()
+print(json.dumps(ports), flush=True)
+"""
+
+
+def test_connections_seen_by_the_tracepoint_and_in_proc_have_one_row_each(tmp_path):
+    """Issue 21: connections opened and closed all through the daemons' start, so that some are already closed
+    when the tracepoint attaches, some open at that moment and some made while /proc is listed, after it attached
+    (both saw those). Every connection the client made (its own list) is one row at each end, no more, owned by
+    the client at its end and by the server at the other; only a connection already over before the probes
+    attached (closed by the client then: no process holds it) may have no owner."""
+    require_root()
+    with Cluster(f"chn{os.getpid() % 100000}", ["server", "client"]) as cluster:
+        server = cluster.popen("server", [str(TOOL_PYTHON), "-c", CHURN_SERVER, str(PORT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE)
+        assert server.stdout.readline().strip() == b"listening"
+        client = cluster.popen("client", [str(TOOL_PYTHON), "-c", CHURN_CLIENT, cluster.host("server").ip,
+                                          str(PORT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert client.stdout.readline().strip() == b"connected"
+        with daemons_on_both(cluster, tmp_path):
+            time.sleep(0.5)
+            for process in (client, server):
+                process.stdin.write(b"stop\n")
+                process.stdin.flush()
+                if process is client:
+                    ports = json.loads(client.stdout.readline())
+                assert process.wait(timeout=30) == 0
+    assert len(set(ports)) == len(ports)          # (no local port used twice: one connection, one port)
+    ends = {"client": ("local_port", "remote_port", client.pid), "server": ("remote_port", "local_port", server.pid)}
+    for name, (client_port, server_port, owner) in ends.items():
+        flows = load_capture_dir(tmp_path / name).flows
+        flows = flows[(flows[server_port] == PORT) & (flows[client_port] != 0)]
+        rows = flows.groupby(client_port).size()
+        assert set(rows.index) <= set(ports), name
+        assert (rows == 1).all(), flows[flows[client_port].isin(rows.index[rows > 1])].to_dict("records")
+        owned = flows[flows["pid"].notna()]
+        assert set(owned["pid"]) == {owner}, name
+        # those without an owner were closed by it before the probes attached, before every one that has one
+        unowned = flows[flows["pid"].isna()]
+        assert (unowned["source"] == "proc").all(), unowned.to_dict("records")
+        first_owned = ports.index(min(owned[client_port], key=ports.index))
+        assert all(ports.index(port) < first_owned for port in unowned[client_port]), name
+        assert set(owned[client_port]) == set(ports[first_owned:]), name
+    server_flows = load_capture_dir(tmp_path / "server").flows
+    listener = server_flows[(server_flows["local_port"] == PORT) & (server_flows["remote_port"] == 0)]
+    assert list(listener["pid"]) == [server.pid]
 
 
 # -- libzmq ---------------------------------------------------------------------------------------------------
@@ -440,3 +545,54 @@ def test_nccl_probes_read_every_argument_of_a_stand_in_libnccl(tmp_path):
                                                33 * 8]
     assert list(collectives["dtype"]) == ["float32", "bfloat16", "int32", "float64", "float16", "float32", "int64",
                                           "int64"]
+
+
+# A process mapping some thirty files executable, as a node's processes do.
+SLEEPER = r"""
+import bz2, ctypes, decimal, hashlib, json, lzma, sqlite3, ssl, time
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_namespace_of_many_processes_still_has_its_libraries_probed(tmp_path):
+    """A node's namespace holds hundreds of processes: the list of the files they map outgrows one message of the
+    root helper's socket (its send buffer), which once made the helper exit at the first look into the processes
+    there, and no library loaded after was probed. Here sixty processes beside the job's."""
+    python = require_workloads()
+    from dataclasses import asdict
+
+    with Cluster(f"many{os.getpid() % 100000}", ["node"]) as cluster:
+        sleepers = [cluster.popen("node", [str(TOOL_PYTHON), "-c", SLEEPER], stdout=subprocess.PIPE)
+                    for _ in range(60)]
+        daemon = None
+        try:
+            assert all(sleeper.stdout.readline().strip() == b"up" for sleeper in sleepers)
+            listed = json.dumps({sleeper.pid: [asdict(item) for item in procnet.executable_files(sleeper.pid)]
+                                 for sleeper in sleepers})
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            send_buffer = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            ours.close()
+            theirs.close()
+            assert len(listed) > send_buffer
+            daemon = RunningDaemon(["--iface", "lo", "--out", str(tmp_path / "node"), "--zmq-events", "calls"],
+                                   netns=cluster.host("node").netns)
+            daemon.wait_ready()
+            program = cluster.popen("node", [str(python), "-c", ZMQ_PROGRAM], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE)
+            assert program.stdout.readline().strip() == b"imported"
+            daemon.wait_for(r"probing libzmq in \S*libzmq", 30)
+            program.stdin.write(b"go\n")
+            program.stdin.flush()
+            assert json.loads(program.stdout.readline())
+            assert program.wait(timeout=30) == 0
+            assert daemon.stop() == 0, daemon.stderr
+        finally:
+            if daemon is not None:
+                daemon.kill()
+            for sleeper in sleepers:
+                sleeper.kill()
+                sleeper.wait()
+    assert "not probed" not in daemon.stderr, daemon.stderr
+    loaded = load_capture_dir(tmp_path / "node")
+    assert list(loaded.libraries["pid"]) == [program.pid]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES, pslite
-from dlcsniff.sniffer.options import CaptureOptions
-from dlcsniff.sniffer.probe_recorder import snap_cflags
+from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
+from dlcsniff.sniffer import bpf_objects
 from lab.netns import Cluster
 from tests.conftest import require_root, require_tool
 from tests.support.daemon import TOOL_PYTHON, RunningDaemon, decode_zmtp
@@ -189,10 +189,11 @@ def test_the_cut_keeps_every_header_and_the_wire_lengths(captured):
     # the traffic is 12.1 MB of frames, of which the 6 MB sent alone stay whole: the file is about half
     assert cut_pcap.stat().st_size < full_pcap.stat().st_size * 0.65
     # capture.json counts what the kernel cut, exactly as the file shows it
-    assert full_run["payload"] == {"mode": "full", "reason": "--full-payload", "cut_packets": 0, "cut_bytes": 0,
-                                   "full_flows": 0, "waits": 0, "resumed": 0}
+    assert full_run["payload"] == {"mode": "full", "reason": "--full-payload", "attached_ns": None, "cut_packets": 0,
+                                   "cut_bytes": 0, "full_flows": 0, "waits": 0, "resumed": 0}
     payload = cut_run["payload"]
     assert payload["mode"] == "zmtp-cut" and payload["reason"] is None
+    assert cut_run["start_ns"] < payload["attached_ns"] < cut_run["stop_ns"]
     every_packet = tshark_packets(cut_pcap)
     assert payload["cut_bytes"] == sum(packet["wire"] - packet["captured"] for packet in every_packet)
     assert payload["cut_packets"] == sum(packet["captured"] < packet["wire"] for packet in every_packet)
@@ -234,8 +235,8 @@ def test_a_filter_expression_keeps_whole_packets_and_says_why(captured):
 
 def test_the_cut_keeps_every_body_the_decoders_keep():
     """The kernel cut and the decoders keep bodies by one rule (the registry's ZMTP_KEPT_BODIES): the
-    compiled filter gets both of its numbers, and ps-lite's keep_body follows it."""
-    flags = " ".join(snap_cflags(CaptureOptions("lo", Path("out")), 0))
+    filter's object is built with both of its numbers, and ps-lite's keep_body follows it."""
+    flags = " ".join(bpf_objects.SNAP.cflags())
     assert f"-DSNAP_KEPT_FIRST_FRAMES={ZMTP_KEPT_BODIES.first_frames}" in flags
     assert f"-DSNAP_KEPT_BODY_MAX={ZMTP_KEPT_BODIES.max_body_bytes}" in flags
     keep = pslite.PsliteDecoder().keep_body

@@ -102,6 +102,6 @@ def test_a_filter_that_cuts_what_decoders_keep_is_caught(recorded):
     """The comparison can fail: a rule that keeps no body past a message's first two frames (ps-lite's
     lens, the values of small tensors) decodes differently."""
     name, capture, _, _, scratch = recorded
-    wrong, _ = snap_replay.cut_capture(capture, kept_body_max=0)
+    wrong, _ = snap_replay.cut_capture(capture, SNAP_KEPT_BODY_MAX=0)
     with pytest.raises(AssertionError):
         assert_same_decode(decoded(capture, scratch / "whole-wrong"), decoded(wrong, scratch / "cut-wrong"))

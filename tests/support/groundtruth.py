@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from dlcsniff.decoders.protocols import pslite
+from dlcsniff.decoders.protocols.pslite import decoder as pslite
 
 PCAPS = Path(__file__).resolve().parents[2] / "pcaps"
 KEMPTY = 2147483647
@@ -397,7 +397,9 @@ def mxnet_jobs(*, lossy: bool = False) -> list[str]:
     found = []
     for job in sorted(PCAPS.glob("*/job.json")):
         meta = json.loads(job.read_text())
-        if (meta.get("framework") == "mxnet" and not meta.get("noise_s")
+        # a hung job the recorder killed has no node records but the stalled node's (lab/record.py mxnet_hang)
+        hung = (meta.get("fault") or {}).get("kind") == "hang"
+        if (meta.get("framework") == "mxnet" and not meta.get("noise_s") and not hung
                 and bool(meta.get("capture_buffer_kib")) == lossy):
             found.append(job.parent.name)
     return found

@@ -4,13 +4,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy
 import pytest
 from lab.netns import Cluster
 from lab.record import BASE_ENV, SCHEDULER_PORT, SERVER_PORT, WORKER_PORT, WORKLOADS_DIR
-from tests.support.daemon import RunningDaemon
+from tests.support.daemon import RunningDaemon, process_tree_cpu_s
 
 
 NODES = ("scheduler", "server0", "server1", "worker0", "worker1")
@@ -23,6 +26,9 @@ PSLITE_PORTS = set(ROLE_PORTS.values())
 
 
 JOB_TIMEOUT_S = 180.0
+
+
+CAPTURE_LEAD_S = 1.0           # the captures start this long before the job, as a user's prolog would
 
 
 STRAGGLER_GRACE_S = 10.0       # MXNet can hang in its exit path once the workers are done
@@ -47,20 +53,34 @@ class JobRun:
     daemons: dict[str, RunningDaemon] = field(default_factory=dict)
     captures: list[subprocess.Popen] = field(default_factory=list)     # tcpdump, for reference runs
     capture_cpu_s: float = 0.0       # CPU the capture processes used from job start to job end
+    capture_start_cpu_s: float = 0.0  # and before the job started (their start)
+    capture_cpu_samples: list[tuple[int, float]] = field(default_factory=list)   # (time.time_ns(), CPU so far)
 
     def job_cpu_seconds(self) -> float:
         """CPU the job's own processes used (every node; a probe's trap and the kernel's work on their
         packets are charged to them)."""
         return sum(node.cpu_s or 0.0 for node in self.nodes.values())
 
-    def training_seconds(self) -> float:
-        """Wall time of the workers' training loops (first batch start to last batch end, slowest worker)."""
+    def training_span_ns(self) -> tuple[int, int]:
+        """The workers' training loops: first batch start to last batch end (time.time_ns()), slowest worker."""
         spans = []
         for node in self.nodes.values():
             if node.role == "worker":
                 batches = json.loads(node.record.read_text())["batches"]
-                spans.append((batches[-1]["end_ns"] - batches[0]["start_ns"]) / 1e9)
-        return max(spans)
+                spans.append((batches[0]["start_ns"], batches[-1]["end_ns"]))
+        return max(spans, key=lambda span: span[1] - span[0])
+
+    def training_seconds(self) -> float:
+        start, end = self.training_span_ns()
+        return (end - start) / 1e9
+
+    def capture_training_cpu_s(self) -> float | None:
+        """CPU the capture processes used during the training loop (sampled every CPU_SAMPLE_S, interpolated)."""
+        if len(self.capture_cpu_samples) < 2:
+            return None
+        times, used = zip(*self.capture_cpu_samples)
+        start, end = self.training_span_ns()
+        return float(numpy.interp(end, times, used) - numpy.interp(start, times, used))
 
 
 def child_pids(pids: list[int]) -> list[int]:
@@ -68,24 +88,49 @@ def child_pids(pids: list[int]) -> list[int]:
     return [int(pid) for pid in found.split()]
 
 
-def _capture_pids(run: JobRun) -> list[int]:
+def capture_cpu_seconds(run: JobRun) -> float:
+    """CPU the capture processes used so far: theirs, their children's (a daemon's root helpers), live or
+    exited (an exited child's CPU is its parent's once it was collected)."""
     pids = [daemon.process.pid for daemon in run.daemons.values()] + [process.pid for process in run.captures]
-    return pids + child_pids(pids)
+    return sum(process_tree_cpu_s(pid) or 0.0 for pid in pids)
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU the processes used so far."""
+def cpu_seconds(pids: list[int], *, children: bool = False) -> float:
+    """User + system CPU the processes used so far (with `children`, and their children that exited)."""
     total = 0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
+        total += sum(int(value) for value in fields[11:15 if children else 13])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+CPU_SAMPLE_S = 0.1
+
+
+class _CpuSampler:
+    """The capture processes' CPU so far, every CPU_SAMPLE_S, while the job runs."""
+
+    def __init__(self, run: JobRun) -> None:
+        self._run = run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(CPU_SAMPLE_S):
+            self._run.capture_cpu_samples.append((time.time_ns(), capture_cpu_seconds(self._run)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None = "dlcsniff", batches: int = 10,
                   model: str = "mlp", daemon_args: tuple[str, ...] = (), tcpdump_snaplen: int = 0) -> JobRun:
     """Run the job in fresh namespaces with, on every node, a dlcsniff daemon (capture="dlcsniff"), a
-    plain `tcpdump -i any -w` as a reference (capture="tcpdump") or nothing (None); stop them after."""
+    plain `tcpdump -i any -w` as a reference (capture="tcpdump") or nothing (None), all started together
+    CAPTURE_LEAD_S before the job (not once they are ready: what they miss of the job's start is theirs to
+    miss); stop them after. `capture_start_cpu_s`: their CPU until the job starts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with Cluster(f"mxd{os.getpid() % 100000}", list(NODES)) as cluster:
         run = JobRun(out_dir, {})
@@ -99,11 +144,10 @@ def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None =
                     run.captures.append(cluster.popen(name, ["tcpdump", "-i", "any", "-s", str(tcpdump_snaplen), "-B", "65536", "-n",
                                                              "-Z", "root", "-w", str(out_dir / f"{name}.pcap")],
                                                       stderr=subprocess.DEVNULL))
-            for daemon in run.daemons.values():
-                daemon.wait_ready()
-            if run.captures:
-                time.sleep(1.0)       # tcpdump opens its capture
-            cpu_before = cpu_seconds(_capture_pids(run)) if capture else 0.0
+            time.sleep(CAPTURE_LEAD_S)
+            cpu_before = capture_cpu_seconds(run)
+            run.capture_start_cpu_s = cpu_before
+            sampler = _CpuSampler(run)
             job_env = {**BASE_ENV, "DMLC_PS_ROOT_URI": cluster.host("scheduler").ip,
                        "DMLC_PS_ROOT_PORT": str(SCHEDULER_PORT), "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "2",
                        "DMLC_INTERFACE": "eth0", "PS_VERBOSE": "2"}
@@ -119,7 +163,8 @@ def run_mxnet_job(out_dir: Path, workload_python: Path, *, capture: str | None =
                     process = cluster.popen(name, argv, env=env, stdout=log_file, stderr=log_file)
                 run.nodes[name] = NodeProcess(name, role, cluster.host(name).ip, process, log, record)
             _wait_for_job(run)
-            run.capture_cpu_s = cpu_seconds(_capture_pids(run)) - cpu_before if capture else 0.0
+            run.capture_cpu_s = capture_cpu_seconds(run) - cpu_before
+            sampler.stop()
             for process in run.captures:
                 process.send_signal(15)
                 process.wait(timeout=10)

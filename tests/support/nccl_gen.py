@@ -2,8 +2,8 @@
 
 NCCL cannot run on these machines (no GPU), so these captures are written from the protocol description
 (NVIDIA/nccl's net_socket.cc / socket.cc / bootstrap.cc behaviour as summarised in ../shared/protocols.md and
-decoders/nccl_socket.py's docstring), NOT from the decoder: the sender side is simulated step by step the
-way NCCL sends (handshake, index byte, size, inline payload or tasks dealt round-robin over the data
+decoders/protocols/nccl_socket/decoder.py's docstring), NOT from the decoder: the sender side is simulated step by
+step the way NCCL sends (handshake, index byte, size, inline payload or tasks dealt round-robin over the data
 sockets), packets are built with scapy and written as pcap.
 
 `TcpCapture` builds TCP connections segment by segment (three-way handshake, MSS-sized segments each

@@ -2,7 +2,7 @@
 
 No RDMA stack exists on these machines, so the captures are written from the protocol description (the IBTA
 transport as summarised in ../shared/protocols.md section 5, NCCL net_ib's CTS/data exchange as described in
-decoders/roce.py's docstring), NOT from the decoder. Packets are built with scapy's RoCE layer
+decoders/protocols/roce/decoder.py's docstring), NOT from the decoder. Packets are built with scapy's RoCE layer
 (scapy.contrib.roce: BTH, AETH, and the RoCEv2 ICRC, which scapy computes on its own); RETH and ImmDt are
 small scapy layers defined here. RoCEv1 (GRH) has no ICRC in scapy: `crc32_bitwise` below computes it from
 the CRC-32 definition, bit by bit, independently of the decoder's zlib-based ICRC.

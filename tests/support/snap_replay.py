@@ -7,6 +7,7 @@ is checked against the same edited capture kept whole.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import random
 import struct
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlcsniff.decoders.inputs.capture_file import open_capture
-from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
-from dlcsniff.sniffer import libbpf, snap_filter
+from dlcsniff.sniffer import bpf_objects, libbpf, snap_filter
 
 LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2 = 1, 113, 276
 LINK_HEADER_BYTES = {LINKTYPE_ETHERNET: 14, LINKTYPE_LINUX_SLL: 16, LINKTYPE_LINUX_SLL2: 20}
@@ -80,11 +80,15 @@ class SnapFilterRun:
     header), loaded as a socket filter, and run by the kernel on one packet at a time. Its flow table
     lives as long as this object: packets of one capture go through one instance, in order."""
 
-    def __init__(self, **flags) -> None:
-        """`flags`: snap_filter.snap_cflags arguments to change (a test's mutant), else the daemon's."""
-        cflags = snap_filter.snap_cflags(**{"link_header_bytes": 0, "kept_first_frames": ZMTP_KEPT_BODIES.first_frames,
-                                            "kept_body_max": ZMTP_KEPT_BODIES.max_body_bytes, **flags})
-        self.program_fd, self.counts_fd = snap_filter.load_snap_filter(snap_filter.compile_snap_filter(cflags))
+    def __init__(self, **defines) -> None:
+        """`defines`: build flags of the filter to change (a test's mutant, compiled here), else the object the
+        daemon loads."""
+        source = bpf_objects.SNAP
+        if defines:
+            source = dataclasses.replace(source, defines=tuple(sorted({**dict(source.defines), **defines}.items())))
+        elf = bpf_objects.compile_object(source) if defines else bpf_objects.object_bytes(source)[0]
+        self.program_fd, self.counts_fd = snap_filter.load_snap_filter(
+            elf, snap_filter.snap_settings(link_header_bytes=0))
         self._lib = libbpf.load_libbpf()
         self._lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.POINTER(_TestRunOpts)]
 

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dlcsniff.decoders.protocols.zmtp import Command, Message, Resync, ZmtpDecoder
+from dlcsniff.decoders.protocols.zmtp.decoder import Command, Message, Resync, ZmtpDecoder
 from tests.support.protocol_driver import drain
 
 _RELAY_READ_BYTES = 1 << 16

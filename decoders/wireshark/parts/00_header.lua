@@ -43,8 +43,8 @@
 -- the same ports, the end of the capture, or 4 MiB buffered past it). Each TCP direction goes to the decoder
 -- whose rules claim it (decoders/capture_decoder.py: a ZMTP greeting, TCPStore's first bytes, a Gloo
 -- preamble; ZMTP found by resynchronisation for a connection caught mid-stream), and the decoders follow
--- decoders/protocols/zmtp.py, pslite.py and gloo.py: the messages shown are the rows of dlcsniff's
--- zmtp.parquet and messages.parquet, their node ids and tensors those of decoders/pslite_job.py. A message
+-- decoders/protocols/zmtp/decoder.py, pslite.py and gloo.py: the messages shown are the rows of dlcsniff's
+-- zmtp.parquet and messages.parquet, their node ids and tensors those of decoders/protocols/pslite/job.py. A message
 -- is shown in the packet that completed it: the one carrying its last byte, or a later one that filled a
 -- hole before it or showed it lost. Its kept frames (routing frame, meta, keys, lens, small bodies) form a
 -- data source of their own ("ZMTP message (kept frames)"); tensor values are counted, never copied.
@@ -55,17 +55,18 @@
 -- in pslite.data_size_unknown (its data frame index) instead of pslite.data_sizes. A hole over a frame
 -- header loses the framing: the bytes after it are scanned for the next frame (zmtp.pdu == "resync").
 --
--- Left out. NCCL (socket transport, bootstrap), PyTorch's TCPStore queries and RoCE: a TCPStore connection
--- is recognised (so that no other decoder takes it) but not shown; Wireshark dissects InfiniBand/RoCE
--- itself. Gloo ranks, process groups and collectives, which dlcsniff reads from the TCPStore rendezvous:
--- the slot's collective and sequence number are shown, and a Gloo connection is recognised by its first
--- bytes only (dlcsniff also by its listener's address in the rendezvous). MXNet row_sparse row ids and
--- compressed element counts. IP fragments (dlcsniff skips them; Wireshark reassembles them and this
--- script then reads the whole segment). dlcsniff decodes a job's captures together: a node id or tensor
--- that only another node's capture tells is missing here. What only the end of the capture completes (a
--- hole never filled, a message cut by the capture's end) is shown by tshark -2 only: a single pass never
--- reaches it, and the GUI cannot know that a capture has ended. Without -2, a node's first messages have no
--- node ids; in the GUI the packet list may lack them too, the packet details have them.
+-- Left out. NCCL (socket transport, bootstrap), PyTorch's TCPStore queries and RoCE: a TCPStore connection is
+-- recognised (so that no other decoder takes it) but not shown; Wireshark dissects InfiniBand/RoCE itself.
+-- Gloo ranks, process groups and collectives, which dlcsniff reads from the TCPStore rendezvous: the slot's
+-- collective and sequence number are shown, and a Gloo connection is recognised by its first bytes only
+-- (dlcsniff also by its listener's address in the rendezvous). MXNet row_sparse row ids and compressed element
+-- counts. A connection caught mid-stream whose frames no ps-lite meta vouches for (dlcsniff takes it as plain
+-- ZMTP when another connection to the same server opened with a greeting). IP fragments (dlcsniff skips them;
+-- Wireshark reassembles them and this script then reads the whole segment). dlcsniff decodes a job's captures
+-- together: a node id or tensor that only another node's capture tells is missing here. What only the end of
+-- the capture completes (a hole never filled, a message cut by the capture's end) is shown by tshark -2 only:
+-- a single pass never reaches it, and the GUI cannot know that a capture has ended. Without -2, a node's first
+-- messages have no node ids; in the GUI the packet list may lack them too, the packet details have them.
 
 -- Installed as a plugin and given with -X lua_script too: the copy loaded first serves; say which (each
 -- script has an environment of its own, _G is the one they share).

@@ -32,7 +32,7 @@ local CONTROL_CMDS = { [0] = "EMPTY", "TERMINATE", "ADD_NODE", "BARRIER", "ACK",
                        "ADDR_REQUEST", "ADDR_RESOLVED", "INSTANCE_BARRIER" }
 local ADD_NODE, BARRIER, ACK, INSTANCE_BARRIER = 2, 3, 4, 9
 local ROLES = { [0] = "server", "worker", "scheduler", "joint" }
-local NODE_ROLES = { [0] = "server", "worker", "scheduler" }    -- pslite_job.py names these, numbers the rest
+local NODE_ROLES = { [0] = "server", "worker", "scheduler" }    -- decoders/protocols/pslite/job.py names these, numbers the rest
 local DATA_TYPES = { [0] = "CHAR", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
                      "FLOAT", "DOUBLE", "OTHER" }
 local DATA_TYPE_INT32, DATA_TYPE_UINT64 = 3, 8

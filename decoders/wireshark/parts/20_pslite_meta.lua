@@ -1,5 +1,5 @@
 -- ---------------------------------------------------------------------------------------------------
--- ps-lite metas: dmlc/ps-lite's protobuf ps.PBMeta, bytedance/ps-lite's raw structs (decoders/protocols/pslite.py)
+-- ps-lite metas: dmlc/ps-lite's protobuf ps.PBMeta, bytedance/ps-lite's raw structs (decoders/protocols/pslite/decoder.py)
 -- ---------------------------------------------------------------------------------------------------
 
 -- A varint at s[i..e]: low 32 bits, high 32 bits, next index, minimal (no needless continuation byte).
@@ -24,7 +24,7 @@ local function varint(s, i, e)
     return nil
 end
 
--- src/meta.proto (decoders/protocols/pslite_meta.py)
+-- src/meta.proto (decoders/protocols/pslite/meta.py)
 local PB_SCHEMA = {
     PBMeta = {
         [1] = { "head", "int32" }, [2] = { "body", "bytes" }, [3] = { "control", "PBControl" },

@@ -1,5 +1,5 @@
 -- ---------------------------------------------------------------------------------------------------
--- ZMTP, one direction (decoders/protocols/zmtp.py): bytes and gaps in, events out
+-- ZMTP, one direction (decoders/protocols/zmtp/decoder.py): bytes and gaps in, events out
 -- ---------------------------------------------------------------------------------------------------
 
 -- Undecoded input in stream order: captured chunks { data, size, frame } and gaps { false, size, frame, lost }

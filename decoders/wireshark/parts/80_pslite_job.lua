@@ -1,4 +1,4 @@
--- ps-lite across the capture (decoders/pslite_job.py): node ids, roles, tensors
+-- ps-lite across the capture (decoders/protocols/pslite/job.py): node ids, roles, tensors
 -- ---------------------------------------------------------------------------------------------------
 
 local function node_role(id)
@@ -30,7 +30,7 @@ local function as_shown(host)
     return shown
 end
 
--- Each ps-lite direction's (sender, receiver) node ids (pslite_job.py _resolve_endpoints). The sender is
+-- Each ps-lite direction's (sender, receiver) node ids (decoders/protocols/pslite/job.py _resolve_endpoints). The sender is
 -- named by the DEALER's Identity "ps<id>", by the bytedance routing frames of a ROUTER's answers, or by
 -- the host:port its ADD_NODE request announced; the receiver by the listening host:port in the scheduler's
 -- ADD_NODE reply, by the other direction's Identity (routed answers), by the only other node at the
@@ -128,7 +128,7 @@ local function attribute_keys(flavor, keys, lens, rank, servers, req_type)
     return tensor, part
 end
 
--- Sender, receiver, roles and tensor of every ps-lite message (pslite_job.py resolve_pslite): once, after
+-- Sender, receiver, roles and tensor of every ps-lite message (decoders/protocols/pslite/job.py resolve_pslite): once, after
 -- the first pass; without -2, a message is resolved when shown, with what has been read so far.
 local function resolve_messages(messages)
     resolve_endpoints()

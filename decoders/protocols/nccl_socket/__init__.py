@@ -1,0 +1,1 @@
+"""NCCL's socket transport and its bootstrap, proxy and RAS connections."""

@@ -1,0 +1,1 @@
+"""PyTorch's TCPStore: the rendezvous its queries carry, whose ranks Gloo and NCCL read."""
