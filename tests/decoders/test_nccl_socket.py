@@ -212,3 +212,15 @@ def test_fuzz_random_streams_never_raise(chunks, start):
             decoder.receive_data(stream_id, memoryview(prefixes[stream_id]), 5)
     decoder.end_of_capture()
     rows_of(decoder)
+
+
+def test_a_one_way_stream_of_zero_bytes_is_not_nccl(tmp_path):
+    """2 MB of zeros from the SYN on (dd from /dev/zero over netcat, a sparse file copied) reads as a pre-2.16
+    control socket of index 0 carrying a message of size 0 every four bytes: nothing announces NCCL and no
+    message has a byte in it, so the stream stays plain TCP."""
+    cap = TcpCapture()
+    conn = cap.connect(("198.18.0.1", 40000), ("198.18.0.2", 5000))
+    cap.send(conn, bytes(2_000_000))
+    cap.close(conn)
+    rows, keys = run_decoder(cap.write(tmp_path / "zeros.pcap"), NcclSocketCaptureDecoder())
+    assert (rows.messages, rows.streams) == ([], {})

@@ -559,8 +559,8 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         it opens two connections or more (the root's, the ring's, point-to-point ones), or is
         NCCL_COMM_ID_MAGIC; proxy and RAS connections need such a magic. Before 2.16 nothing names NCCL: a
         net-socket control socket must carry whole messages, each its size then its bytes (at least
-        LEGACY_MIN_MESSAGES of them before a last one the capture may have cut), a bootstrapSend connection
-        one whole message."""
+        LEGACY_MIN_MESSAGES of them, not empty, before a last one the capture may have cut: a stream of zero
+        bytes reads as empty messages), a bootstrapSend connection one whole message."""
         spoke = self._spoke | {st.key for st in self._streams.values() if st.kind == _LABEL and st.payload_bytes}
 
         def one_way(stream_ids) -> bool:
@@ -569,7 +569,8 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         unproven: set[int] = set()
         for conn in self._all_connections:
             model = conn.best()
-            whole = [m for m in model.messages if not m.pending_bytes and not m.missing_bytes] if model else []
+            whole = [m for m in model.messages if not m.pending_bytes and not m.missing_bytes and m.size_bytes] \
+                if model else []
             if not one_way(conn.members.values()) or not conn.handshake and not (
                     model is not None and model.broken is None and len(whole) >= LEGACY_MIN_MESSAGES):
                 unproven.update(conn.members.values())
