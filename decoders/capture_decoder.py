@@ -11,7 +11,10 @@ more"); the first decoder in registry order to answer True gets it, held bytes f
 direction loses bytes or ends before anyone decided, each decoder's `claim_fallback` is asked (weak evidence:
 ZMTP found by resynchronisation); else the direction stays plain TCP. Bytes lost before anyone decided do not
 decide: the decoders judge the bytes after the gap, as for a direction caught mid-connection (offered without
-its start), and the winner gets the held bytes and the gap in order.
+its start), and the winner gets the held bytes and the gap in order. A direction caught mid-connection that
+nobody took is offered again, from its next bytes, when a decoder claims its reverse (a capture that starts
+inside a large message shows no header in that direction's first bytes); a fallback claim that has said
+nothing yet is released for it (`release`).
 
 The capturing host's addresses, where the link layer marks the packets it sent (Linux cooked captures,
 `tcpdump -i any`), are handed to every decoder before the capture ends (`receive_capturing_host`): the local
@@ -61,6 +64,9 @@ class _Direction:
     held: list = field(default_factory=list)    # (bytes, ts_ns) or a lost StreamGap, before it was decided
     prefix_from: int = 0                        # held items after the last lost gap: what the decoders judge
     declined: set = field(default_factory=set)  # decoders that said "not mine"
+    ended: bool = False
+    tentative: bool = False                     # its owner took it on weak evidence (claim_fallback)
+    resumed_at: int | None = None               # offered again: the stream offset its held pieces start at
 
 
 @dataclass
@@ -113,6 +119,9 @@ class CaptureDecoder:
         self.tcp = TcpReassembler()
         self.protocols = protocol_decoders() if protocols is None else protocols
         self.directions: dict[int, _Direction] = {}
+        self._direction_of_key: dict[tuple, int] = {}      # the latest direction of each 4-tuple
+        # Directions whose bytes it let pass unseen and wants to see again (decoders.tcp_driver)
+        self.offered_again: list[int] = []
         self.unclaimed_udp: collections.Counter[int] = collections.Counter()   # service port -> datagrams
         self.unclaimed_packets = 0          # neither TCP nor UDP, and no protocol's (ARP, ICMP...)
         self.capturing_host: set[bytes] = set()     # addresses the link layer says the capturing host sent from
@@ -126,10 +135,14 @@ class CaptureDecoder:
             if d.owner is not None:
                 d.owner.receive_data(ev.stream_id, ev.data, ev.ts_ns)
             elif not d.decided:
+                if d.resumed_at == -1:
+                    d.resumed_at = ev.offset
                 d.held.append((bytes(ev.data), ev.ts_ns))
                 self._decide(d, final=False)
         elif cls is StreamGap:
             d = self.directions[ev.stream_id]
+            if d.resumed_at == -1 and not d.decided:
+                d.resumed_at = ev.offset
             if not d.decided and ev.lost and len(d.held) < MAX_HELD_PIECES:
                 # Judged on what follows, as a direction caught mid-connection; held for the winner in order.
                 d.held.append(ev)
@@ -144,8 +157,10 @@ class CaptureDecoder:
         elif cls is StreamStarted:
             self.directions[ev.stream_id] = _Direction(self.flow_id_base + ev.stream_id,
                                                        TcpDirection(ev.stream_id, ev.key, ev.syn_seen))
+            self._direction_of_key[ev.key] = ev.stream_id
         elif cls is StreamEnded:
             d = self.directions[ev.stream_id]
+            d.ended = True
             if not d.decided:
                 self._decide(d, final=True)
             if d.owner is not None:
@@ -196,16 +211,44 @@ class CaptureDecoder:
                 return
             seen_data = len(d.held) > d.prefix_from
             winner = next((p for p in self.protocols if p.claim_fallback(d.offer, prefix, seen_data)), None)
+            d.tentative = winner is not None
         d.decided = True
         held, d.held = d.held, []
         d.owner = winner
         if winner is not None:
             stream_id = d.offer.stream_id
+            if d.resumed_at is not None and d.resumed_at > 0:
+                # offered again: the bytes before, captured, were nobody's; to the winner unseen, as if cut short
+                first = held[0] if held else (b"", 0)
+                first_ts_ns = first.ts_ns if first.__class__ is StreamGap else first[1]
+                winner.receive_gap(stream_id, d.resumed_at, first_ts_ns, False)
+            d.resumed_at = None
             for item in held:
                 if item.__class__ is StreamGap:
                     winner.receive_gap(stream_id, item.size, item.ts_ns, item.lost)
                 else:
                     winner.receive_data(stream_id, memoryview(item[0]), item[1])
+            self._offer_reverse_again(d)
+
+    def _offer_reverse_again(self, d: _Direction) -> None:
+        """The reverse of a direction just claimed is offered again from its next bytes where it was caught
+        mid-connection and nobody took it, or only on weak evidence its decoder gives up: a capture that starts
+        inside a large message shows no header in that direction's first bytes, and its reverse is evidence.
+        The bytes before are nobody's."""
+        src, sport, dst, dport = d.offer.key
+        stream_id = self._direction_of_key.get((dst, dport, src, sport))
+        r = None if stream_id is None else self.directions[stream_id]
+        if r is None or not r.decided or r.ended or r.offer.syn_seen:
+            return
+        if r.owner is d.owner or r.owner is not None and not (r.tentative and r.owner.release(stream_id)):
+            return                              # (its owner had the reverse's evidence at hand)
+        r.owner = None
+        r.tentative = False
+        r.resumed_at = -1                       # (set by the next piece)
+        r.decided = False
+        r.declined.clear()
+        r.prefix_from = 0
+        self.offered_again.append(stream_id)
 
     # -- end of capture ---------------------------------------------------------------------------------
     def end_of_input(self) -> None:

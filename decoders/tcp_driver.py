@@ -77,6 +77,10 @@ class StreamConsumer(Protocol):
     def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
         """Account for `size` bytes (at most skippable_bytes), the last of them captured at ts_ns."""
 
+    # Optional: stream ids whose bytes the consumer let pass unseen (skippable) and wants to see again from
+    # the next packet on; the driver clears it once it has acted on it.
+    offered_again: list[int]
+
     def on_other_packet(self, linktype: int, data: memoryview | bytes, ts_ns: int) -> None:
         """A packet that is no TCP segment."""
 
@@ -104,6 +108,7 @@ class BatchDecoder:
         self.non_tcp_packets = 0
         self.bulk_packets = 0               # TCP packets applied in bulk, without a feed() each
         self.unsupported_linktypes: set[int] = set()
+        self.offered_again: list[int] | None = getattr(consumer, "offered_again", None)
         self._per_packet_batches = 0        # batches still to decode packet by packet...
         self._backoff_batches = 1           # ...and how many the next time bulk does not pay
 
@@ -133,6 +138,8 @@ class BatchDecoder:
     def _feed_packet(self, linktype: int, data, ts_ns: int) -> None:
         if not feed_packet(self.tcp, self.consumer, linktype, data, ts_ns, self.stats):
             self.not_tcp(linktype, data, ts_ns)
+        if self.offered_again:              # packet by packet, every byte is shown anyway
+            self.offered_again.clear()
 
     def not_tcp(self, linktype: int, data, ts_ns: int) -> None:
         """A packet that is no TCP segment (the reason is in the ParseStats): the consumer may still read
@@ -343,6 +350,7 @@ class _Batch:
         self.owner = owner
         self.tcp = owner.tcp
         self.consumer = owner.consumer
+        self.offered_again = owner.offered_again
         self.stats = owner.stats
         self.buf = buf
         self.start = start
@@ -483,7 +491,9 @@ class _Batch:
         self._hand_over(self.tcp.feed(seg))
         own = self.flows[self.flow_of[index]]
         own.applied = own.shown = own.applied + 1
-        self._sync(flow)
+        self._sync(flow)                        # (both directions' payload queued again)
+        if self.offered_again:
+            self.offered_again.clear()
 
     def _hand_over(self, events: list[StreamEvent]) -> None:
         """One packet's stream events to the consumer, in order; a run of StreamData of one stream (what a hole
@@ -747,3 +757,19 @@ class _Batch:
             self.consumer.on_tcp_event(StreamGap(stream.stream_id, ts_ns, offset + captured, cut, lost=False))
         flow.shown = position + 1
         self._queue_payload(flow)
+        if self.offered_again:
+            self._show_again(flow, index)
+
+    def _show_again(self, flow: _Flow, index: int) -> None:
+        """The consumer wants the bytes of the reverse direction again (decoders.capture_decoder: the reverse of a
+        direction just claimed): what it let pass before `index` stays skipped, what follows is shown."""
+        reverse = self.flows[flow.reverse]
+        stream = reverse.stream
+        if stream is not None and stream.stream_id in self.offered_again:
+            before = bisect_left(reverse.packets, index, reverse.shown)
+            if stream.takes_bulk():
+                self._skip(reverse, before)
+            else:
+                reverse.shown = before          # buffered past a hole: shown once the hole is resolved
+            self._queue_payload(reverse)
+        self.offered_again.clear()

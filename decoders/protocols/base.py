@@ -7,6 +7,8 @@ no TCP segments), and pulls events with `next_event()` until it answers `NEED_DA
 
     claim(direction, prefix)                 is this TCP direction mine? True, False, None (show me more bytes)
     claim_fallback(direction, prefix, data)  asked once nobody claimed the direction (weak evidence only)
+    release(stream_id)                       give a direction claimed by claim_fallback up, if nothing was said
+                                             of it yet (True): another decoder's evidence came later
     receive_data(stream_id, data, ts_ns)     bytes of a claimed direction, in stream order, from its start
     receive_gap(stream_id, size, ts_ns, lost)  bytes the capture lost (or cut short: lost=False)
     receive_end(stream_id, ts_ns)            the direction ended (FIN, RST or the end of the capture)
@@ -102,6 +104,7 @@ class ProtocolDecoder(Protocol):
 
     def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None: ...
     def claim_fallback(self, direction: TcpDirection, prefix: bytes, seen_data: bool) -> bool: ...
+    def release(self, stream_id: int) -> bool: ...
     def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None: ...
     def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None: ...
     def receive_end(self, stream_id: int, ts_ns: int) -> None: ...
@@ -114,9 +117,10 @@ class ProtocolDecoder(Protocol):
 
 
 class ProtocolDecoderBase:
-    """Defaults of the API for decoders that need them: no fallback claims, no packets, no use for the capturing
-    host, no skipping, and an event queue (`_emit`). `losses`: the LossCounters of the streams it claims, by
-    their streams.protocol (besides its incomplete messages, which the summary counts for every protocol)."""
+    """Defaults of the API for decoders that need them: no fallback claims (nothing to release), no packets, no
+    use for the capturing host, no skipping, and an event queue (`_emit`). `losses`: the LossCounters of the
+    streams it claims, by their streams.protocol (besides its incomplete messages, which the summary counts for
+    every protocol)."""
 
     name: ClassVar[str] = ""
     losses: ClassVar[dict[str, tuple[LossCounter, ...]]] = {}
@@ -125,6 +129,9 @@ class ProtocolDecoderBase:
         self._events: deque[ProtocolEvent] = deque()
 
     def claim_fallback(self, direction: TcpDirection, prefix: bytes, seen_data: bool) -> bool:
+        return False
+
+    def release(self, stream_id: int) -> bool:
         return False
 
     def receive_packet(self, packet: Packet) -> bool:

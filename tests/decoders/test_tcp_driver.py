@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import dataclasses
 import functools
+import gzip
 import random
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,21 +32,25 @@ from dlcsniff.decoders.capture_decoder import decode_capture
 from dlcsniff.decoders.job import FLOW_ID_CAPTURE_SHIFT, build_dataset, decode_paths
 from dlcsniff.decoders.tcp import StreamData, StreamGap, TcpReassembler, TcpStream
 from dlcsniff.decoders.protocols.base import UNLIMITED_SKIP_BYTES
+from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
 from dlcsniff.decoders.protocols.zmtp.decoder import ZmtpDecoder
-from tests.conftest import PCAPS
+from tests.conftest import PCAPS, require_tool
+from tests.support.nccl_gen import TcpCapture
 from tests.support.zmtp_tap import Gap, command, drain, frame, greeting_v3, message, random_chunks
 
 JOBS = sorted({str(p.parent.relative_to(PCAPS)) for p in PCAPS.rglob("*.pcap*")})    # every folder of captures
 SOURCE = PCAPS / "mxnet_sync_large" / "worker0.pcap.gz"     # multi-segment tensors, SLL2 (tcpdump -i any)
 
 
-def _decode(paths: list[Path], batched: bool) -> list:
-    return [decode_capture(p, flow_id_base=i << FLOW_ID_CAPTURE_SHIFT, batched=batched) for i, p in enumerate(paths)]
+def _decode(paths: list[Path], batched: bool, protocols=None) -> list:
+    return [decode_capture(p, flow_id_base=i << FLOW_ID_CAPTURE_SHIFT, batched=batched,
+                           protocols=protocols and protocols()) for i, p in enumerate(paths)]
 
 
-def assert_batched_is_per_packet(paths: list[Path]) -> list:
-    """Decode both ways; every per-capture result and every table column must agree. Returns the results."""
-    batched, per_packet = _decode(paths, True), _decode(paths, False)
+def assert_batched_is_per_packet(paths: list[Path], protocols=None) -> list:
+    """Decode both ways (with `protocols()`'s decoders, if given); every per-capture result and every table
+    column must agree. Returns the results."""
+    batched, per_packet = _decode(paths, True, protocols), _decode(paths, False, protocols)
     for ours, reference in zip(batched, per_packet):
         assert reference.bulk_packets == 0
         for name, value in vars(reference).items():
@@ -72,6 +78,44 @@ def test_bundled_captures_decode_identically_in_bulk(job):
     noise = json.loads(record.read_text()).get("noise_s") if record.exists() else None
     if tcp_packets > 10_000 and not noise:
         assert sum(r.bulk_packets for r in results) > 0.9 * tcp_packets
+
+
+@pytest.mark.parametrize("late_from", [2000, 5000])
+def test_a_direction_offered_again_decodes_identically_in_bulk(tmp_path, late_from):
+    """A Gloo capture started late (editcap -r), where a direction inside a large message is offered again
+    once its reverse is claimed (decoders.capture_decoder): the bulk path shows its bytes from the same packet."""
+    late = tmp_path / "rank1.pcap"
+    with gzip.open(PCAPS / "gloo" / "rank1.pcap.gz") as source:
+        (tmp_path / "whole.pcap").write_bytes(source.read())
+    subprocess.run([require_tool("editcap"), "-r", str(tmp_path / "whole.pcap"), str(late), f"{late_from}-100000000"],
+                   check=True)
+    streams = assert_batched_is_per_packet([late])[0].tables["streams"]
+    assert streams["protocol"].count("gloo") == 6
+
+
+def test_a_direction_offered_again_on_a_fast_packet_shows_its_next_bytes_in_bulk(tmp_path):
+    """A Gloo pair caught inside a 1 MB message: the reverse's first message comes in a segment the bulk path
+    applies fast, and the direction offered again must be shown from its next segment, not skipped to the
+    connection's next slow packet (here its FIN). With every decoder, ps-lite's weak claim holds the direction
+    (and sees every byte) until it is offered again; with Gloo's alone, nobody does, and the bulk path skips
+    what nobody reads."""
+    def gloo_send(slot: int, payload: bytes) -> bytes:          # gloo/transport/tcp/pair.h: six native u64
+        return struct.pack("<6Q", 48 + len(payload), 1, slot, 0, len(payload), 0) + payload
+
+    rng = random.Random(3)
+    cap = TcpCapture(mss=1448)
+    conn = cap.connect(("198.18.0.1", 40000), ("198.18.0.2", 5000))
+    cap.send(conn, struct.pack("<q", 0) + gloo_send(4 << 56, rng.randbytes(1 << 20)))
+    caught = len(cap.frames) - 200                      # the capture starts 100 segments before the message ends
+    cap.send(conn, gloo_send(4 << 56 | 1, rng.randbytes(20_000)), from_client=False)
+    for step in range(5):
+        cap.send(conn, gloo_send(4 << 56 | 2 + step, rng.randbytes(30_000)))
+    cap.close(conn)
+    path = cap.write(tmp_path / "caught.pcap", drop=set(range(caught)))
+    for protocols in (None, lambda: [GlooCaptureDecoder()]):
+        result = assert_batched_is_per_packet([path], protocols)[0]
+        assert result.tables["streams"]["protocol"] == ["gloo", "gloo"]
+        assert result.tables["messages"]["size_bytes"].count(48 + 30_000) == 5
 
 
 def test_workers_give_the_in_process_dataset_and_its_progress(tmp_path):

@@ -585,6 +585,15 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
             return True
         return False
 
+    def release(self, stream_id: int) -> bool:
+        """A direction caught mid-connection that has not shown ZMTP yet is given up: nothing was said of it (its
+        plain-ZMTP reading waits for the capture's end, its ps-lite reading for evidence)."""
+        st = self._streams.get(stream_id)
+        if st is None or st.plain is None or st.zmtp.evidence:
+            return False
+        del self._streams[stream_id]
+        return True
+
     def _start(self, stream_id: int, *, midstream: bool) -> None:
         ps = PsliteDecoder()
         zmtp = ZmtpDecoder(keep_body=ps.keep_body, midstream=midstream, frame_validator=looks_like_meta)
