@@ -15,7 +15,7 @@ import dlcsniff.analysis
 import dlcsniff.analysis.simulate as simulate_module
 import dlcsniff.sniffer.options as capture_options
 from dlcsniff.cli import app
-from dlcsniff.cli.quantities import (format_duration, format_rate, format_size, parse_duration, parse_rate,
+from dlcsniff.decoders.quantities import (format_duration, format_rate, format_size, parse_duration, parse_rate,
                                      parse_size)
 from tests.conftest import REPO
 

@@ -10,7 +10,6 @@ selection was made without knowing it (a stream), the capture's own first packet
 from __future__ import annotations
 
 import datetime
-import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, first_last_ts_ns
 from dlcsniff.decoders.inputs.pcap_filter import PcapFilter
+from dlcsniff.decoders.quantities import parse_duration
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,19 @@ class TimeBound:
         return origin_ns + self.ns if self.relative else self.ns
 
 
-_RELATIVE = re.compile(r"\+(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|min|h)?")
-_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
-            "min": 60_000_000_000, "h": 3_600_000_000_000}
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def parse_time_bound(text: str) -> TimeBound:
     """A window bound as a user writes it: epoch seconds, an ISO 8601 time (without a zone: local time, as
-    editcap -A/-B), or +N[unit] after the start of the capture (units ns, us, ms, s (the default), m, h).
-    Raises ValueError when it is none of those."""
+    editcap -A/-B), or +duration after the start of the capture (decoders.quantities: a unit is needed, +2.8s,
+    +720ms). Raises ValueError when it is none of those."""
     given = text.strip()
-    if relative := _RELATIVE.fullmatch(given):
-        return TimeBound(int(Decimal(relative.group(1)) * _UNIT_NS[relative.group(2) or "s"]), True, text)
+    if given.startswith("+"):
+        try:
+            return TimeBound(round(parse_duration(given[1:]) * 1e9), True, text)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(repr(given[1:]), repr(given), 1)) from None
     try:
         return TimeBound(int(Decimal(given) * 1_000_000_000), False, text)
     except InvalidOperation:

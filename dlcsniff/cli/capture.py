@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dlcsniff.cli.app import EXIT_CODES, EXIT_USAGE, Flag, command, fail, step, warn
-from dlcsniff.cli.quantities import DURATION_UNITS, SIZE_UNITS, format_size, parse_duration, parse_size
+from dlcsniff.decoders.quantities import DURATION_UNITS, SIZE_UNITS, format_size, parse_duration, parse_size
 
 _MB, _MIB = 1_000_000, 1 << 20
 _OLD = dict(hidden=True, min=1)          # the --*-mb spellings: still read, with a deprecation warning

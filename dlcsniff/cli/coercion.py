@@ -4,7 +4,7 @@ Typer 0.29 coerces every parameter through a pydantic TypeAdapter it builds on f
 building the adapters of a command like `decode` cost as much as the rest of the CLI's start-up (README: decode
 speed). dlcsniff's commands take only plain kinds (text, whole and real numbers with bounds, paths and lists of
 them, choices, flags: a flag given no value is None, which typer would still coerce; and quantities, whose
-`parser` (dlcsniff.cli.quantities) raises ValueError with its message), which this module coerces as typer's
+`parser` (dlcsniff.decoders.quantities) raises ValueError with its message), which this module coerces as typer's
 adapters do, with click's messages ("'x' is not a valid integer.", "-1 is not in the range x>=0.",
 "'foo' is not one of 'pandas', 'dask'."). A parameter of any other kind, or with typer's path checks (exists,
 resolve_path...), keeps typer's own coercion.

@@ -37,8 +37,8 @@ def decode(
         "syntax, compiled by libpcap) keeps, e.g. 'tcp port 9000 or udp port 4791'.")] = None,
     start: Annotated[Optional[str], typer.Option(
         "--start", metavar="TIME", help="Decode only packets from this time on: epoch seconds, ISO 8601 (no zone: "
-        "local time), or +N after the start of the capture (its earliest first packet), in ns, us, ms, s (the "
-        "default), m or h.")] = None,
+        "local time), or a duration after the start of the capture (its earliest first packet), with its unit: "
+        "+2.8s, +720ms (ns, us, ms, s, min, h).")] = None,
     end: Annotated[Optional[str], typer.Option(
         "--end", metavar="TIME", help="Decode only packets before this time (same forms as --start; +N counts from "
         "the start of the capture too).")] = None,

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from dlcsniff.cli.app import DecodeDir, Flag, Force, command, fail, out, step, took
-from dlcsniff.cli.quantities import (DURATION_UNITS, RATE_UNITS, format_duration, format_rate, parse_duration,
+from dlcsniff.decoders.quantities import (DURATION_UNITS, RATE_UNITS, format_duration, format_rate, parse_duration,
                                    parse_rate)
 
 

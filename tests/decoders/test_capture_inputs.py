@@ -425,6 +425,17 @@ def test_time_window_keeps_what_tshark_keeps(whole, tmp_path):
     assert json.loads(result.stdout)["packets_decoded"] == sum(t < int(origin) for t in epochs)
 
 
+@pytest.mark.parametrize("bound, says", [("+2.8", "has no unit: a duration needs one (ns, us, µs, ms, s, min, h)"),
+                                         ("+2m", "is not a duration"), ("+1GB", "(GB is a size)")])
+def test_a_time_after_the_start_needs_its_unit(tmp_path, bound, says):
+    """A duration after the start of the capture is read by the one parser of durations: a bare +2.8 (it was
+    seconds, where every other duration option refuses a bare number) is refused with the units."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["decode", str(SYNC), "--out", str(out), "--start", bound])
+    assert result.exit_code == 1 and says in result.output, result.output
+    assert not out.exists()
+
+
 def test_a_relative_window_counts_from_the_earliest_capture():
     ours, summary = _tables([SYNC], selection=PacketSelection(start=TimeBound(500_000_000, True)))
     firsts = [c["ts_first_ns"] for c in summary["captures"]]

@@ -1,6 +1,6 @@
 """Rates, sizes and durations as people write them on a command line: the one parser of every option that takes
 one (simulate's --bandwidth, --latency, --captured-bandwidth; capture's --snaplen, --rotate-size, --max-disk,
---buffer-size, --duration).
+--buffer-size, --duration; decode's --start/--end +N after the start of the capture).
 
 The units are tc(8)'s and iperf3's, with one rule over both: B is a byte, b a bit (tc ignores case, so its `MBps`
 and `Mbps` are both megabytes a second, and a user's `10GB/s` must not become 10 Gbit/s). A number without a unit
