@@ -2,7 +2,8 @@
 
 - durations (iteration phases, computation, communication, waits, server overheads, collective times, skews,
   gaps, simulated iterations): ms, to the µs (3 decimals);
-- clock offsets between captures and their error bounds: µs, to 0.1 µs (decode's summary);
+- clock offsets between captures and their error bounds: µs, to 0.1 µs, digits grouped (decode's summary:
+  a capture seconds off reads +3,999,659.3 µs);
 - sizes: B, kB, MB (10³ B, 10⁶ B), 2 decimals;
 - collective bandwidth: GB/s (10⁹ B/s, nccl-tests' unit); link rates: Mbit/s (10⁶ bit/s, tc's mbit);
 - ratios and shares: %, 1 decimal.

@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import shutil
 import struct
+import subprocess
 
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from dlcsniff.decoders.schema import TABLES
 from dlcsniff.cli import app
-from tests.conftest import PCAPS
+from tests.conftest import PCAPS, require_tool
 
 runner = CliRunner()
 
@@ -57,6 +61,20 @@ def test_decode_of_one_capture_says_its_clock_is_its_own(tmp_path):
     job = _invoke("decode", PCAPS / "mxnet_sync", "--out", tmp_path / "job")
     [line] = [line for line in job.output.splitlines() if line.startswith("job view:")]
     assert "; clocks aligned to scheduler: server0 " in line and "own clock" not in line, line
+
+
+def test_a_clock_seconds_off_reads_with_its_digits_grouped(tmp_path):
+    """worker0's capture 4 s late (editcap -t 4): its offset to the scheduler was printed +3999659.3 µs."""
+    moved = tmp_path / "captures"
+    shutil.copytree(PCAPS / "mxnet_sync", moved)
+    subprocess.run([require_tool("editcap"), "-t", "4", str(PCAPS / "mxnet_sync" / "worker0.pcap.gz"),
+                    str(moved / "worker0.pcap")], check=True)
+    (moved / "worker0.pcap.gz").unlink()
+    job = _invoke("decode", moved, "--out", tmp_path / "job")
+    [line] = [line for line in job.output.splitlines() if line.startswith("job view:")]
+    offset = re.search(r"worker0 ([-+][0-9,]+\.[0-9]) µs ±[0-9,]+\.[0-9] µs", line)
+    assert offset and re.fullmatch(r"[-+][0-9]{1,3}(,[0-9]{3})+\.[0-9]", offset.group(1)), line
+    assert float(offset.group(1).replace(",", "")) == pytest.approx(-4e6, abs=1000)
 
 
 def test_decode_json_summary(tmp_path):

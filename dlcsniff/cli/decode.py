@@ -194,7 +194,8 @@ def _print_decode_summary(summary: dict, dataset) -> None:
         for c in job["clocks"]:
             if c["aligned"] and c["capture"] != c["reference"]:
                 by_reference.setdefault(c["reference"], []).append(
-                    f"{c['capture']} {c['offset_ns'] / 1000:+.1f} µs ±{c['error_bound_ns'] / 1000:.1f}")
+                    # analysis.display's unit (µs), its digits grouped: a capture seconds off reads +3,999,659.3 µs
+                    f"{c['capture']} {c['offset_ns'] / 1000:+,.1f} µs ±{c['error_bound_ns'] / 1000:,.1f} µs")
         aligned = [f"to {reference}: {', '.join(shown)}" for reference, shown in by_reference.items() if shown]
         # a reference nothing was aligned to (one capture alone, or a job of one capture) keeps its own clock
         alone = [f"{reference} on its own clock (no other capture to align with it)"
