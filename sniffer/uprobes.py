@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlcsniff.decoders.formats.probe_events import NCCL_COMM_INIT_FUNCTIONS, NCCL_FUNCTIONS
+from dlcsniff.decoders.protocols.nccl.probes import COMM_INIT_FUNCTIONS as NCCL_COMM_INIT_FUNCTIONS
+from dlcsniff.decoders.protocols.nccl.probes import FUNCTIONS as NCCL_FUNCTIONS
 from dlcsniff.sniffer import libbpf
 from dlcsniff.sniffer.procnet import MappedFile
 from dlcsniff.sniffer.elf_symbols import LOADER_SYMBOLS, Symbol, elf_symbols, interpreter

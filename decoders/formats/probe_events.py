@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dlcsniff.decoders.errors import DecodeError
+from dlcsniff.decoders.protocols.nccl import probes as nccl_api
 from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 
 FILE_MAGIC = b"DLCPRB\x00\x01"
@@ -58,17 +59,9 @@ class Kind(enum.IntEnum):
     SOCKET_SNAPSHOT = 67
 
 
-# Index = the function id the BPF program writes (ZMQ_FN_* / NCCL_FN_* there).
+# Index = the function id the BPF program writes (ZMQ_FN_* there; libnccl's: decoders.protocols.nccl.probes).
 ZMQ_FUNCTIONS = ("zmq_msg_send", "zmq_send", "zmq_msg_recv", "zmq_recv")
 ZMQ_SNDMORE = 2
-NCCL_FUNCTIONS = ("ncclAllReduce", "ncclBroadcast", "ncclBcast", "ncclReduce", "ncclAllGather",
-                  "ncclReduceScatter", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd")
-NCCL_COMM_INIT_FUNCTIONS = ("ncclCommInitRank", "ncclCommInitRankConfig")
-# ncclDataType_t -> (name, bytes per element)
-NCCL_DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8),
-                  5: ("uint64", 8), 6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2),
-                  10: ("float8e4m3", 1), 11: ("float8e5m2", 1)}
-NCCL_REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 
 # include/net/tcp_states.h
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
@@ -102,7 +95,7 @@ def layout_cflags() -> dict[str, int]:
         ZMQ_MSG_FLAGS_OFFSET=43,
     )
     defines.update({f"ZMQ_FN_{name.removeprefix('zmq_').upper()}": index for index, name in enumerate(ZMQ_FUNCTIONS)})
-    defines.update({f"NCCL_FN_{name.removeprefix('nccl').upper()}": index for index, name in enumerate(NCCL_FUNCTIONS)})
+    defines.update(nccl_api.function_defines())
     return defines
 
 
@@ -175,6 +168,22 @@ class NcclCall:
     peer: int
     comm_handle: int
     stream: int
+
+    @property
+    def dtype(self) -> str | None:
+        """The element type's name (ncclDataType_t), None for one unknown."""
+        return nccl_api.DATATYPES.get(self.datatype, (None, None))[0]
+
+    @property
+    def size_bytes(self) -> int | None:
+        """The buffer's bytes: count elements of the type (None for a type unknown)."""
+        element_bytes = nccl_api.DATATYPES.get(self.datatype, (None, None))[1]
+        return self.count * element_bytes if element_bytes else None
+
+    @property
+    def op_name(self) -> str | None:
+        """The reduction's name (ncclRedOp_t), None for one unknown."""
+        return nccl_api.REDOPS.get(self.op)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,9 +283,9 @@ def _parse_zmq(payload) -> ZmqCall:
 def _parse_nccl(payload) -> NcclCall:
     (_, _, tgid, tid, netns, mono_ns, cgroup_id, comm, sendbuff, recvbuff, count, comm_handle, stream, datatype,
      op, peer, function, _) = NCCL_EVENT.unpack(payload)
-    if function >= len(NCCL_FUNCTIONS):
+    if function >= len(nccl_api.FUNCTIONS):
         raise DecodeError(f"nccl event with unknown function id {function}")
-    return NcclCall(mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, NCCL_FUNCTIONS[function], sendbuff,
+    return NcclCall(mono_ns, tgid, tid, _comm(comm), cgroup_id, netns, nccl_api.FUNCTIONS[function], sendbuff,
                     recvbuff, count, datatype, op, peer, comm_handle, stream)
 
 

@@ -107,13 +107,11 @@ def _set_tables(run: int, items: list, rows: dict[str, list]) -> None:
     communicators = {item.comm_handle: item for item in items if isinstance(item, ev.NcclCommInit)}
     for item in items:
         if isinstance(item, ev.NcclCall):
-            dtype, element_bytes = ev.NCCL_DATATYPES.get(item.datatype, (None, None))
             communicator = communicators.get(item.comm_handle)
-            rows["nccl"].append({
+            rows["calls"].append({
                 "set": run, "ts_ns": epoch(item.mono_ns), "pid": item.tgid, "tid": item.tid, "comm": item.comm,
-                "function": item.function, "count": item.count, "datatype": item.datatype, "dtype": dtype,
-                "size_bytes": item.count * element_bytes if element_bytes else None,
-                "op": ev.NCCL_REDOPS.get(item.op), "peer": item.peer, "comm_handle": item.comm_handle,
+                "function": item.function, "count": item.count, "datatype": item.datatype, "dtype": item.dtype,
+                "size_bytes": item.size_bytes, "op": item.op_name, "peer": item.peer, "comm_handle": item.comm_handle,
                 "stream": item.stream, "sendbuff": item.sendbuff, "recvbuff": item.recvbuff,
                 "rank": communicator.rank if communicator else None,
                 "nranks": communicator.nranks if communicator else None})
@@ -195,7 +193,7 @@ def load_capture_dir(path: Path) -> CaptureDir:
     return CaptureDir(
         path=path, info=info, sets=sets,
         flows=_frame(rows["flows"], FLOW_COLUMNS), zmq_events=_frame(rows["zmq"], ZMQ_COLUMNS),
-        nccl_events=_frame(rows["nccl"], NCCL_COLUMNS), processes=_frame(rows["processes"], PROCESS_COLUMNS),
+        nccl_events=_frame(rows["calls"], NCCL_COLUMNS), processes=_frame(rows["processes"], PROCESS_COLUMNS),
         libraries=_frame(rows["libraries"], LIBRARY_COLUMNS), warnings=warnings)
 
 

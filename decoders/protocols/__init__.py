@@ -119,6 +119,12 @@ def protocol_says(summary: dict) -> dict[str, list[str]]:
     return said
 
 
+def protocol_summary_tables(messages) -> list:
+    """Every protocol's tables in the human decode summary (its `says_tables` hook, decoders.protocols.job_step),
+    from the job's messages each once (pyarrow), in JOB_STEPS order."""
+    return [table for says_tables in job_hooks("says_tables") for table in says_tables(messages)]
+
+
 def carried_by(layer: str) -> tuple[str, ...]:
     """The registered protocols that stand on `layer` (ps-lite on ZMTP)."""
     return tuple(entry.name for entry in REGISTRY if layer in entry.stands_on)

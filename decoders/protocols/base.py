@@ -37,11 +37,19 @@ from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 if TYPE_CHECKING:
     import pandas as pd
 
-    from dlcsniff.decoders.inputs.capture_file import Packet
     from dlcsniff.decoders.tcp import StreamKey
 
 
 UNLIMITED_SKIP_BYTES = 1 << 62          # skippable_bytes of a direction no decoder reads (any more)
+
+
+class Packet(Protocol):
+    """A captured packet as the capture readers give it (decoders.inputs.capture_file.Packet), named here so that
+    the protocols need nothing of the inputs (whose probe records read libnccl's API from decoders.protocols.nccl)."""
+    ts_ns: int
+    linktype: int
+    data: bytes | memoryview
+    orig_len: int
 
 
 @dataclass(frozen=True, slots=True)

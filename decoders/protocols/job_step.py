@@ -16,6 +16,8 @@ by its `JobEntry` in decoders.protocols.JOB_STEPS. Its module offers any of:
                                           "flow_kinds" (after "TCP directions"), "framing" (a line after the TCP
                                           line), "messages" (after the messages' incomplete count), "counters" (a
                                           line after the capture daemons')
+    says_tables(messages) -> list         its tables in the human decode summary (SummaryTable), from the job's
+                                          messages each once (pyarrow: the row each event takes its fields from)
 
 The generic code (decoders.job) calls them in the order of JOB_STEPS, so a step reads what the steps before it
 wrote (NCCL reads TCPStore's ranks from the messages, after ps-lite's step named every node).
@@ -24,6 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
+
+
+@dataclass(frozen=True)
+class SummaryTable:
+    """A table of the human decode summary: its title, its columns (name, justified left), its rows as text."""
+    title: str
+    columns: tuple[tuple[str, bool], ...]
+    rows: list[tuple[str, ...]]
 
 
 @dataclass

@@ -112,12 +112,10 @@ def decode(
 
 def _print_decode_summary(summary: dict, dataset) -> None:
     import numpy as np
-    import pandas as pd
     from rich.table import Table
 
     from dlcsniff.decoders.losses import says_losses
-    from dlcsniff.decoders.protocols import protocol_says
-    from dlcsniff.decoders.protocols.pslite.decoder import PUSH_PULL
+    from dlcsniff.decoders.protocols import protocol_says, protocol_summary_tables
 
     for warning in summary["warnings"]:
         warn(warning)
@@ -170,23 +168,14 @@ def _print_decode_summary(summary: dict, dataset) -> None:
     if summary["collectives_by_kind"]:
         out.print("collectives: " + ", ".join(f"{kind} {n:,}" for kind, n in summary["collectives_by_kind"].items()))
     # the job's messages once: each event's fields, from the observation it takes them from
-    messages = dataset.tables["messages"].take(dataset.view.events["message_row"].to_numpy(np.int64)).select(
-        ["protocol", "control_cmd", "keys", "push", "pull", "request", "sender_role", "recver_role", "size_bytes",
-         "tensor_key"]).to_pandas()
-    kv = messages[(messages["protocol"] == "pslite") & messages["control_cmd"].isna()
-                  & messages["keys"].map(lambda keys: keys is not None and len(keys) > 0)]
-    if len(kv):
-        kinds = Table(title="ps-lite KV traffic (each message once)", title_justify="left")
-        for col in ("sender", "recver", "kind", "messages", "bytes", "tensors"):
-            kinds.add_column(col, justify="left" if col in ("sender", "recver", "kind") else "right")
-        push, pull = (kv[flag].fillna(False).to_numpy(bool) for flag in ("push", "pull"))
-        kind = pd.Series(np.select([push & pull, push, pull], [PUSH_PULL, "push", "pull"], "other"),
-                         index=kv.index) + kv["request"].map({True: " request", False: " response"})
-        grouped = kv.assign(kind=kind).groupby(["sender_role", "recver_role", "kind"], dropna=False).agg(
-            messages=("size_bytes", "size"), bytes=("size_bytes", "sum"), tensors=("tensor_key", "nunique"))
-        for (snd, rcv, k), row in grouped.iterrows():
-            kinds.add_row(str(snd), str(rcv), k, f"{row['messages']:,}", f"{row['bytes']:,}", f"{row['tensors']:,}")
-        out.print(kinds)
+    once = dataset.tables["messages"].take(dataset.view.events["message_row"].to_numpy(np.int64))
+    for said in protocol_summary_tables(once):
+        table = Table(title=said.title, title_justify="left")
+        for name, left in said.columns:
+            table.add_column(name, justify="left" if left else "right")
+        for row in said.rows:
+            table.add_row(*row)
+        out.print(table)
     job = summary["job_view"]
     if job["events"]:
         losses = job["losses"]

@@ -18,9 +18,12 @@ import pandas as pd
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols.pslite import decoder as pslite
+from dlcsniff.decoders.protocols.job_step import SummaryTable
 from dlcsniff.decoders.protocols.pslite.tensors import byteps, mxnet
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from dlcsniff.decoders.protocols.job_step import JobColumns
 
 ROLE_NAMES = {pslite.ROLE_SERVER: "server", pslite.ROLE_WORKER: "worker", pslite.ROLE_SCHEDULER: "scheduler"}
@@ -50,6 +53,26 @@ def says(summary: dict) -> dict[str, str]:
         return {}
     return {"messages": f"; ps-lite: {summary['control_messages']:,} control, {summary['nodes']} nodes, "
                         f"{summary['messages_without_node_ids']:,} without a sender or receiver id"}
+
+
+def says_tables(messages: pa.Table) -> list[SummaryTable]:
+    """The KV traffic by sender role, receiver role and kind: messages, bytes, tensors."""
+    kv = messages.select(["protocol", "control_cmd", "keys", "push", "pull", "request", "sender_role",
+                          "recver_role", "size_bytes", "tensor_key"]).to_pandas()
+    kv = kv[(kv["protocol"] == "pslite") & kv["control_cmd"].isna()
+            & kv["keys"].map(lambda keys: keys is not None and len(keys) > 0)]
+    if not len(kv):
+        return []
+    push, pull = (kv[flag].fillna(False).to_numpy(bool) for flag in ("push", "pull"))
+    kind = pd.Series(np.select([push & pull, push, pull], [pslite.PUSH_PULL, "push", "pull"], "other"),
+                     index=kv.index) + kv["request"].map({True: " request", False: " response"})
+    grouped = kv.assign(kind=kind).groupby(["sender_role", "recver_role", "kind"], dropna=False).agg(
+        messages=("size_bytes", "size"), bytes=("size_bytes", "sum"), tensors=("tensor_key", "nunique"))
+    rows = [(str(snd), str(rcv), k, f"{row['messages']:,}", f"{row['bytes']:,}", f"{row['tensors']:,}")
+            for (snd, rcv, k), row in grouped.iterrows()]
+    columns = (("sender", True), ("recver", True), ("kind", True), ("messages", False), ("bytes", False),
+               ("tensors", False))
+    return [SummaryTable("ps-lite KV traffic (each message once)", columns, rows)]
 
 
 def resolve_pslite(streams: dict[str, list], messages: dict[str, list], node_rows: dict[str, list],
