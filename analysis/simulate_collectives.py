@@ -21,7 +21,8 @@ computation, and takes the network's pace at another rate:
   no faster link could lower).
 
 Iterations: a data-parallel loop repeats the same collectives every step; the job's period is the shortest
-repeating run of (kind, size) in the collectives' order (the whole job when nothing repeats). Per rank and
+repeating run of (kind, size) in the collectives' order (each collective when nothing repeats: a barrier, a
+pause and an all-reduce are no loop, and the pause is no communication). Per rank and
 iteration the phases are `stats`' (analysis.iterations) with a rank's sends as its pushes and its receipts as
 its pulls: P1 from the last receipt of the previous iteration to the first send, P3 from the first send to the
 last receipt, iteration = P1 + P3, overlap = (first → last send) / iteration.
@@ -54,6 +55,7 @@ class CollectiveModel:
                                 # recv_first/last (one row per message seen at both ends, in send order)
     ranks: int
     period: int                 # collectives per iteration
+    repeats: bool               # a run of collectives repeats (else each collective is a step)
     origin_ns: int
     unmatched: int              # message ends without their other end
 
@@ -69,14 +71,16 @@ def _aligned(frame: pd.DataFrame, clocks: pd.DataFrame | None) -> tuple[pd.DataF
     return frame, dict(zip(clocks["capture"].astype(str), clocks["error_bound_ns"].fillna(0).astype(np.int64)))
 
 
-def _period(ops: pd.DataFrame) -> int:
-    """The shortest run of (kind, size) that repeats through the whole sequence (its length)."""
+def _period(ops: pd.DataFrame) -> tuple[int, bool]:
+    """The shortest run of (kind, size) that repeats through the whole sequence (its length), and whether one
+    does; when none does (a barrier, a pause, one all-reduce), each collective is a step of its own: taken as one
+    iteration, the pause between them counted as communication (10 s of 10.01 on a real NCCL capture)."""
     signature = list(zip(ops["kind"], ops["tensor_bytes"]))
     n = len(signature)
     for period in range(1, n + 1):
         if all(signature[i] == signature[i + period] for i in range(n - period)) and n // period >= 2:
-            return period
-    return max(n, 1)
+            return period, True
+    return 1, False
 
 
 def collective_model(job: JobModel) -> CollectiveModel:
@@ -102,7 +106,7 @@ def collective_model(job: JobModel) -> CollectiveModel:
     unmatched = len(sent) + len(got) - 2 * len(both)
     rank0 = ops[ops["local_rank"] == ops["local_rank"].min()].sort_values("seq")
     rank0 = rank0[rank0["kind"].isin(["send", "recv"]) == False]  # noqa: E712 - p2p calls have their own seq
-    period = _period(rank0)
+    period, repeats = _period(rank0)
     step = {(row.pg, row.seq): index // period for index, row in enumerate(rank0.itertuples())}
     kinds = {(row.pg, row.seq): row.kind for row in rank0.itertuples()}
     pair = list(zip(both["pg"], both["seq"]))
@@ -116,7 +120,7 @@ def collective_model(job: JobModel) -> CollectiveModel:
         "recv_first_ns": both["ts_first_ns_r"].to_numpy(np.int64), "recv_ns": both["ts_last_ns_r"].to_numpy(np.int64),
     }).sort_values(["send_ns", "recv_ns"], ignore_index=True)
     ranks = int(max(messages["src"].max(), messages["dst"].max())) + 1
-    return CollectiveModel(messages, ranks, period, int(messages["send_ns"].min()), int(unmatched))
+    return CollectiveModel(messages, ranks, period, repeats, int(messages["send_ns"].min()), int(unmatched))
 
 
 def build_program(model: CollectiveModel) -> Program:

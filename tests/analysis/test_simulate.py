@@ -26,6 +26,7 @@ import dlcsniff.analysis.simulate_collectives as co
 from dlcsniff.analysis.simulate_collectives import CollectiveModel
 from dlcsniff.analysis.simulate_replay import DELIVERED, ISSUED, Program, ReplayError, message_times, replay
 from dlcsniff.cli import app
+from tests.conftest import PCAPS
 
 runner = CliRunner()
 
@@ -201,7 +202,7 @@ def _collective_model(rows, ranks=3):
     for column in ("send_ns", "send_last_ns", "recv_first_ns", "recv_ns"):
         frame[column] = (frame[column] * 1_000_000).astype(np.int64)
     frame = frame.assign(pg="0", kind="all_reduce", seq=0, iteration=0)
-    return CollectiveModel(frame, ranks, 1, 0, 0)
+    return CollectiveModel(frame, ranks, 1, True, 0, 0)
 
 
 def test_a_collective_message_sent_while_one_arrived_waits_for_that_share_of_it_at_any_rate():
@@ -395,3 +396,24 @@ def test_a_directory_without_a_decode_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     result = _invoke("simulate", tmp_path / "empty", "--out", tmp_path / "sim")
     assert result.exit_code == 1 and "Traceback" not in result.output
+
+
+def test_a_barrier_a_pause_and_one_all_reduce_are_no_loop(tmp_path):
+    """The real Soft-RoCE NCCL job (shared/realcaps, softroce-tutorial's test.py: barrier, sleep(10), one
+    all-reduce on three ranks): nothing repeats, and taken as one iteration its communication was the pause
+    (10,022 ms captured, 10,048 ms simulated). Each collective is a step: the pause is computation, the
+    all-reduce's communication its own milliseconds, and the output says why."""
+    from dlcsniff.decoders.decode_run import decode_to_dir
+
+    _require("simgrid")
+    nccl = PCAPS / "realcaps" / "softroce-tutorial" / "nccl"
+    decode_to_dir([nccl / f"ring2_node{node}.pcap.gz" for node in range(3)], tmp_path / "decoded")
+    result = CliRunner().invoke(app, ["simulate", str(tmp_path / "decoded"), "--out", str(tmp_path / "sim")])
+    assert result.exit_code == 0, result.output
+    assert "no run of collectives repeats" in result.output
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["model"]["collectives_repeat"] is False and summary["model"]["collectives_per_iteration"] == 1
+    # the all-reduce took 4.4-4.6 ms on each rank's capture (its first to its last RDMA write of the tensor)
+    assert summary["measured_communication_s_mean"] == pytest.approx(4.5e-3, abs=0.5e-3)
+    assert summary["measured_iteration_s_mean"] == pytest.approx(10.0, abs=0.05)
+    assert summary["iteration_s_mean"] == pytest.approx(summary["measured_iteration_s_mean"], rel=0.01)
