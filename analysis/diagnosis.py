@@ -50,6 +50,7 @@ class Diagnosis:
     arrivals: pd.DataFrame
     source: str
     captures: dict[str, str] = field(default_factory=dict)     # capture → its file, as the verdict names it
+    jobs: list[list[str]] = field(default_factory=list)        # the captures of each job, when several were decoded
 
     @property
     def hangs(self) -> pd.DataFrame:
@@ -71,7 +72,7 @@ class Diagnosis:
         return {"collectives": int(collectives.groupby(["protocol", "pg", "kind", "seq"]).ngroups),
                 "ranks": int(collectives["rank"].nunique()),
                 "sync_rounds": int(rounds["seq"].nunique()), "workers": int(rounds["rank"].nunique()),
-                "hosts": int(self.link_health["ip"].nunique())}
+                "hosts": int(self.link_health["ip"].nunique()), "jobs": max(len(self.jobs), 1)}
 
     def basis(self) -> str:
         """What was judged, in words: "12 collectives over 4 ranks, 4 hosts"."""
@@ -100,8 +101,13 @@ class Diagnosis:
         lines += [link_line(row) for row in self.links.to_dict(orient="records")]
         lines += [unfinished_line(row) for row in self.unfinished.to_dict(orient="records")]
         basis = self.basis()
-        if not lines:
-            return [f"no straggler, no hang, no limited link (judged on {basis})"]
+        if self.jobs:
+            # their ranks and operations share numbers: judged together, one job's rank 0 is the other's
+            lines.insert(0, f"the decode holds {len(self.jobs)} jobs (" + "; ".join(
+                ", ".join(capture_label(name, self.captures) for name in captures) for captures in self.jobs)
+                + "): judged as one, their ranks and operations mixed; decode each job on its own")
+        if len(lines) == len(self.jobs[:1]):
+            return [*lines, f"no straggler, no hang, no limited link (judged on {basis})"]
         return [*lines, f"(judged on {basis})"]
 
 
@@ -174,20 +180,22 @@ def link_line(row: dict) -> str:
     return f"link: {row['node']} {row['direction']} limited by {'; '.join(found)}"
 
 
-def diagnose(wire: WireView, trace: Trace | None, captures: dict[str, str] | None = None) -> Diagnosis:
+def diagnose(wire: WireView, trace: Trace | None, captures: dict[str, str] | None = None,
+             jobs: list[list[str]] | None = None) -> Diagnosis:
     """The diagnosis of a job from its wire view and its ps-lite trace (None: no ps-lite traffic); `captures`
-    names each capture by its file (analysis/names.py: capture_labels)."""
+    names each capture by its file (analysis/names.py: capture_labels); `jobs`: the captures of each job where
+    the decode held several (the verdict says they were judged as one)."""
     arrivals = job_arrivals(wire.events, wire.collectives, trace)
     keys = key_overheads(trace) if trace is not None else None
     return Diagnosis(stragglers=job_stragglers(arrivals, keys, trace),
                      missing=job_hangs(arrivals, wire.events, trace, wire.streams, wire.clocks),
                      link_health=link_health(wire.streams, wire.events), arrivals=arrivals, source=wire.source,
-                     captures=captures or {})
+                     captures=captures or {}, jobs=jobs or [])
 
 
 def diagnosis_of(job: JobModel) -> Diagnosis:
     """The diagnosis of a job."""
-    return diagnose(job.wire(WIRE_STREAM_COLUMNS), pslite_trace(job.pslite), job.captures)
+    return diagnose(job.wire(WIRE_STREAM_COLUMNS), pslite_trace(job.pslite), job.captures, job.jobs)
 
 
 def write_diagnosis(job: JobModel, out_dir: str | Path, *, force: bool = False) -> Diagnosis:

@@ -74,6 +74,12 @@ class JobModel:
         return capture_labels(self.manifest)
 
     @property
+    def jobs(self) -> list[list[str]]:
+        """The captures of each job where the decode's inputs looked like several jobs (decoders.job:
+        two_jobs_evidence); empty for one job, or an output older than the record."""
+        return (self.manifest or {}).get("jobs") or []
+
+    @property
     def nodes(self) -> pd.DataFrame:
         """The ps-lite nodes the scheduler announced (node_id, role, rank, hostname, port)."""
         return self.pslite.nodes

@@ -95,7 +95,8 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     tables = {name: table_from_columns(name, columns[name]) for name in COLUMN_TABLES}
     summary = _summary(results, tables)
     summary.update(job.summary)
-    summary["warnings"] += same_capture_twice(results, tables["streams"]) + two_jobs_evidence(results, tables["streams"])
+    apart, summary["jobs"] = two_jobs_evidence(results, tables["streams"])
+    summary["warnings"] += same_capture_twice(results, tables["streams"]) + apart
     return DecodedJob(tables=tables, summary=summary, input_sha256=[digest for r in results for digest in r.sha256])
 
 
@@ -354,10 +355,11 @@ def same_capture_twice(results: list[CaptureResult], streams: pa.Table) -> list[
             for (packets, first, last, _), captures in alike.items() if len(captures) > 1]
 
 
-def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> list[str]:
+def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> tuple[list[str], list[list[str]]]:
     """Warnings when the captures look like the captures of more than one job: groups of captures whose
     hosts never talk to a host of another group (the hosts of the flows a deep-learning protocol claimed,
-    or of all flows when none was), or groups far apart in time (FAR_APART_NS)."""
+    or of all flows when none was), or groups far apart in time (FAR_APART_NS); and the jobs' captures (the
+    finer of the two groupings; empty for one job)."""
     warnings = []
     frame = streams.select(["capture", "src_ip", "dst_ip", "protocol"]).to_pandas()
     if (frame["protocol"] != "tcp").any():
@@ -387,7 +389,9 @@ def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> list[s
                         f"{apart / 1e9:,.0f} s or more apart: " + "; ".join(
                             f"captures {', '.join(sorted(captures))} from {_utc(first)} to {_utc(last)}"
                             for first, last, captures in clusters))
-    return warnings
+    jobs = max(([sorted(captures) for captures, _ in groups], [sorted(captures) for _, _, captures in clusters]),
+               key=len)
+    return warnings, jobs if len(jobs) > 1 else []
 
 
 def with_processes(dataset: DecodedJob, captures: list[CaptureInput]) -> DecodedJob:

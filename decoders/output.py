@@ -54,7 +54,9 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *,
                        captures=[{"capture": found["capture"], "files": [piece["path"] for piece in found["files"]]}
                                  for found in dataset.summary.get("captures", ())],
                        # what the decode warned of (the capture limits among them), for what reads the output
-                       warnings=dataset.summary["warnings"])
+                       warnings=dataset.summary["warnings"],
+                       # the captures of each job, where the inputs look like several (empty: one job)
+                       jobs=dataset.summary.get("jobs", []))
     label = {METADATA_KEY: json.dumps(content, default=str).encode()}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

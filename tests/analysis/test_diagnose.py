@@ -433,3 +433,18 @@ def test_fresh_fault_jobs_are_named_as_their_records_say(tmp_path):
     server_dir = record_mxnet_job(MXNET_JOBS["mxnet_slow_server"], tmp_path / "jobs", python)
     _check_straggler(_diagnosis(_decode(sorted(server_dir.glob("*.pcap.gz")), tmp_path / "mxnet")),
                      mxnet_fault(server_dir))
+
+
+def test_two_jobs_decoded_together_are_said_to_be_judged_as_one(tmp_path):
+    """The real Soft-RoCE NCCL captures hold two jobs (ring2_*, then tree2_* five minutes later, on the same three
+    hosts, each rank 0-2 and all-reduce #0-#1): decoded together, decode warns, and the diagnosis judged 2
+    collectives where there were 4 without a word. It says the verdict mixes them; one job alone says nothing."""
+    both = _decode(sorted(REAL_NCCL.glob("*.pcap.gz")), tmp_path / "both")
+    found = _diagnosis(both)
+    assert found.jobs == [[f"ring2_node{n}" for n in range(3)], [f"tree2_node{n}" for n in range(3)]]
+    assert found.judged()["jobs"] == 2
+    assert found.verdict()[0].startswith("the decode holds 2 jobs (ring2_node0.pcap.gz, ring2_node1.pcap.gz, "
+                                         "ring2_node2.pcap.gz; tree2_node0.pcap.gz")
+    assert found.verdict()[0].endswith("judged as one, their ranks and operations mixed; decode each job on its own")
+    one = _diagnosis(_decode(sorted(REAL_NCCL.glob("ring2_*.pcap.gz")), tmp_path / "one"))
+    assert one.jobs == [] and one.judged()["jobs"] == 1 and not any("jobs" in line for line in one.verdict())
