@@ -97,8 +97,8 @@ gloo-matrix: setup workloads
 	done; exit $$status
 
 run: setup
-	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run
-	$(VENV)/bin/dlcsniff stats out/run --out out/run/stats
+	$(VENV)/bin/dlcsniff decode $(RUN_CAPTURE) --out out/run --force
+	$(VENV)/bin/dlcsniff stats out/run --out out/run/stats --force
 
 test: setup workloads
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
