@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from dlcsniff.analysis.arrivals import job_arrivals
 from dlcsniff.analysis.hangs import HANG, STREAM_COLUMNS as HANG_STREAM_COLUMNS, UNFINISHED, job_hangs
 from dlcsniff.analysis.link_health import STREAM_COLUMNS as LINK_STREAM_COLUMNS, link_health
-from dlcsniff.analysis.job_model import JobModel
+from dlcsniff.analysis.job_model import JobModel, jobs_mixed
 from dlcsniff.analysis.load import AnalysisError, WireView
 from dlcsniff.analysis.names import capture_label, node_label, rank_label
 from dlcsniff.analysis.operations import Trace, pslite_trace
@@ -101,12 +101,10 @@ class Diagnosis:
         lines += [link_line(row) for row in self.links.to_dict(orient="records")]
         lines += [unfinished_line(row) for row in self.unfinished.to_dict(orient="records")]
         basis = self.basis()
-        if self.jobs:
-            # their ranks and operations share numbers: judged together, one job's rank 0 is the other's
-            lines.insert(0, f"the decode holds {len(self.jobs)} jobs (" + "; ".join(
-                ", ".join(capture_label(name, self.captures) for name in captures) for captures in self.jobs)
-                + "): judged as one, their ranks and operations mixed; decode each job on its own")
-        if len(lines) == len(self.jobs[:1]):
+        mixed = jobs_mixed(self.jobs, self.captures)
+        if mixed:
+            lines.insert(0, mixed)
+        if len(lines) == (1 if mixed else 0):
             return [*lines, f"no straggler, no hang, no limited link (judged on {basis})"]
         return [*lines, f"(judged on {basis})"]
 

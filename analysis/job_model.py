@@ -79,6 +79,10 @@ class JobModel:
         two_jobs_evidence); empty for one job, or an output older than the record."""
         return (self.manifest or {}).get("jobs") or []
 
+    def jobs_mixed(self) -> str | None:
+        """What an analysis of a decode of several jobs says beside its figures (None for one job)."""
+        return jobs_mixed(self.jobs, self.captures)
+
     @property
     def nodes(self) -> pd.DataFrame:
         """The ps-lite nodes the scheduler announced (node_id, role, rank, hostname, port)."""
@@ -126,6 +130,16 @@ class JobModel:
     @cached_property
     def _parts(self) -> dict:
         return {}
+
+
+def jobs_mixed(jobs: list[list[str]], captures: dict[str, str]) -> str | None:
+    """The words for figures of several jobs decoded together (`jobs`: each one's captures; `captures`: how
+    outputs name them): their ranks and operations share numbers, one job's rank 0 is the other's."""
+    if not jobs:
+        return None
+    return (f"the decode holds {len(jobs)} jobs (" + "; ".join(
+        ", ".join(captures.get(name, name) for name in group) for group in jobs)
+        + "): judged as one, their ranks and operations mixed; decode each job on its own")
 
 
 def load_job_model(decode_dir: str | Path) -> JobModel:

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from dlcsniff.cli.app import (DecodeDir, Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, fail,
-                              out, print_losses, step)
+                              out, print_losses, step, warn)
 
 
 @command()
@@ -93,6 +93,8 @@ def stats(
                 result = write_statistics(job, out_dir, force=force)
     except (AnalysisError, ClusterError) as exc:
         fail(str(exc))
+    if mixed := job.jobs_mixed():
+        warn(mixed)
     if as_json:
         print(summary_json(result))
         return

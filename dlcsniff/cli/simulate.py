@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from rich.table import Table
 
-from dlcsniff.cli.app import DecodeDir, Flag, Force, command, fail, out, step, took
+from dlcsniff.cli.app import DecodeDir, Flag, Force, command, fail, out, step, took, warn
 from dlcsniff.decoders.quantities import (DURATION_UNITS, RATE_UNITS, format_duration, format_rate, parse_duration,
                                    parse_rate)
 
@@ -56,10 +56,13 @@ def simulate(
     what_if = WhatIf(bandwidth_bit_s=bandwidth, latency_s=latency, workers=training_workers, servers=servers)
     try:
         with step(f"modelled the job, simulated it on {simulator} and wrote the tables", f"simulating on {simulator}"):
-            result = write_simulation(load_job_model(decode_dir), out_dir, what_if, force=force, engine=simulator,
+            job = load_job_model(decode_dir)
+            result = write_simulation(job, out_dir, what_if, force=force, engine=simulator,
                                       captured_rate_bit_s=captured_bandwidth)
     except AnalysisError as exc:
         fail(str(exc))
+    if mixed := job.jobs_mixed():
+        warn(mixed)
     summary = result.summary
     took(f"  of which replayed {summary['simulation']['messages']:,} messages on {simulator}",
          summary["simulation"]["wall_s"])

@@ -448,3 +448,8 @@ def test_two_jobs_decoded_together_are_said_to_be_judged_as_one(tmp_path):
     assert found.verdict()[0].endswith("judged as one, their ranks and operations mixed; decode each job on its own")
     one = _diagnosis(_decode(sorted(REAL_NCCL.glob("ring2_*.pcap.gz")), tmp_path / "one"))
     assert one.jobs == [] and one.judged()["jobs"] == 1 and not any("jobs" in line for line in one.verdict())
+    # stats and simulate say it too (on stderr, beside --json's document)
+    for command in (["stats", str(both), "--out", str(tmp_path / "stats")],
+                    ["simulate", str(both), "--out", str(tmp_path / "sim"), "--json"]):
+        run = subprocess.run([str(DLCSNIFF), *command], capture_output=True, text=True)
+        assert run.returncode == 0 and run.stderr.startswith("warning: the decode holds 2 jobs ("), run.stderr
