@@ -137,6 +137,7 @@ def _collective_job(job: JobModel, captured_rate_bit_s: float | None) -> _Job:
     summary = {"kind": "collectives", "ranks": model.ranks, "messages": int(len(model.messages)),
                "collectives_per_iteration": model.period, "collectives_repeat": model.repeats,
                "message_ends_unmatched": model.unmatched,
+               "notes": [note for note in (co.clock_note(model),) if note],
                "messages_sent_in_parts": int((program.messages["message"].value_counts() > 1).sum())}
     span = (model.messages["recv_ns"].max() - model.origin_ns) / 1e9
     return _Job("collectives", measured, float(span), calibration, [f"rank{r}" for r in range(model.ranks)], summary,

@@ -97,6 +97,8 @@ def simulate(
     if summary["model"].get("collectives_repeat") is False:
         out.print("no run of collectives repeats (no training loop in the capture): each collective is taken as a "
                   "step, the time between them as computation", soft_wrap=True)
+    for note in summary["model"].get("notes", []) + summary["network"]["notes"]:
+        out.print(note, highlight=False, soft_wrap=True)
     if bandwidth is not None:
         out.print(_links_line(summary, bandwidth), highlight=False, soft_wrap=True)
     out.print(f"wrote summary.json and the tables to {out_dir}")
