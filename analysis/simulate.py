@@ -259,6 +259,9 @@ def bandwidth_curve(model: JobModel, rates_bit_s: list[float], *, engine: str = 
     """Predicted mean iteration time (rate_bit_s, iteration_s_mean) at each link rate and at the captured
     network's own (its median calibrated link), and the capture's own figures (see `predict`)."""
     job = replay_job(model)
+    if job.model_summary.get("collectives_repeat") is False:
+        raise AnalysisError("the job's collectives do not repeat, so it has no training iteration to time (`dlcsniff "
+                            "simulate` takes each collective as a step)")
     captured = _captured(job)
     rates = sorted({*map(float, rates_bit_s), captured["link_bit_s"]})
     frame = _predict(job, [WhatIf(bandwidth_bit_s=rate) for rate in rates], engine, None)
