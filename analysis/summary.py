@@ -121,7 +121,8 @@ def compute_stats(results: dict[str, object], source: str | None = None) -> Stat
     network: NetworkBehaviour | None = results.get("network")
     if trace is None and collectives is None:
         raise AnalysisError(f"{source or 'the job'}: no ps-lite message and no collective operation was "
-                            "decoded — nothing to analyse")
+                            "decoded — nothing to analyse per tensor or collective (`dlcsniff diagnose` still "
+                            "judges its links)")
     summary = {"source": source, "losses": {}}
     if trace is not None:
         summary = _summary(trace, **{name: results[name] for name in PSLITE_TABLES})

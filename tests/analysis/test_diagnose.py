@@ -453,3 +453,13 @@ def test_two_jobs_decoded_together_are_said_to_be_judged_as_one(tmp_path):
                     ["simulate", str(both), "--out", str(tmp_path / "sim"), "--json"]):
         run = subprocess.run([str(DLCSNIFF), *command], capture_output=True, text=True)
         assert run.returncode == 0 and run.stderr.startswith("warning: the decode holds 2 jobs ("), run.stderr
+
+
+def test_stats_on_a_plain_tcp_job_points_to_diagnose(decoded_job, tmp_path):
+    """The slow reader's job is plain TCP: stats has no tensor or collective to time, and said 'nothing to
+    analyse' where diagnose finds its links held by zero windows; it points there now."""
+    decoded = decoded_job(ZERO_WINDOW_JOB)
+    run = subprocess.run([str(DLCSNIFF), "stats", str(decoded), "--out", str(tmp_path / "stats")],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "(`dlcsniff diagnose` still judges its links)" in run.stderr, run.stderr
+    assert _diagnosis(decoded).links["limited_by"].str.contains("zero_windows").all()
