@@ -101,12 +101,10 @@ class Diagnosis:
         lines += [link_line(row) for row in self.links.to_dict(orient="records")]
         lines += [unfinished_line(row) for row in self.unfinished.to_dict(orient="records")]
         basis = self.basis()
+        said = ([*lines, f"(judged on {basis})"] if lines
+                else [f"no straggler, no hang, no limited link (judged on {basis})"])
         mixed = jobs_mixed(self.jobs, self.captures)
-        if mixed:
-            lines.insert(0, mixed)
-        if len(lines) == (1 if mixed else 0):
-            return [*lines, f"no straggler, no hang, no limited link (judged on {basis})"]
-        return [*lines, f"(judged on {basis})"]
+        return [mixed, *said] if mixed else said
 
 
 def _plain(value):

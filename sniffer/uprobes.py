@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlcsniff.decoders.protocols.nccl.probes import COMM_INIT_FUNCTIONS as NCCL_COMM_INIT_FUNCTIONS
-from dlcsniff.decoders.protocols.nccl.probes import FUNCTIONS as NCCL_FUNCTIONS
+from dlcsniff.decoders.protocols.nccl import probes as nccl_api
 from dlcsniff.sniffer import libbpf
 from dlcsniff.sniffer.procnet import MappedFile
 from dlcsniff.sniffer.elf_symbols import LOADER_SYMBOLS, Symbol, elf_symbols, interpreter
@@ -34,8 +33,8 @@ ZMQ_PROBES = {
     },
 }
 NCCL_PROBES = {
-    **{name: (f"nccl_{name.removeprefix('nccl').lower()}", None) for name in NCCL_FUNCTIONS},
-    **{name: ("nccl_comm_init_enter", "nccl_comm_init_return") for name in NCCL_COMM_INIT_FUNCTIONS},
+    **{name: (f"nccl_{name.removeprefix('nccl').lower()}", None) for name in nccl_api.FUNCTIONS},
+    **{name: ("nccl_comm_init_enter", "nccl_comm_init_return") for name in nccl_api.COMM_INIT_FUNCTIONS},
 }
 LOADER_PROGRAM = "ldso_debug_state"      # probes/libs.c
 
