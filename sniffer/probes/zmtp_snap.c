@@ -123,6 +123,10 @@ struct snap_walk_state {
     u32 to;                                // copy: offset from ahead_base
     u32 left;                              // copy: bytes still to store
     u32 kept[SNAP_AHEAD_RANGES][2];        // adding a stored range: the ranges it does not touch, in order
+    u32 merge_start;                       // adding a stored range: the range, grown by those it touches
+    u32 merge_end;
+    u32 merge_kept;                        // ranges in kept
+    u32 merge_placed;                      // putting back: the merged range is in place
 };
 
 struct {
@@ -418,31 +422,29 @@ static long snap_copy_step(u32 index, void *ctx) {
 // Noting [start, end) as stored: merged with the ranges it touches. Ranges are few: they are taken out one by
 // one (the ones it does not touch kept aside, in order, the ones it touches merged into it), then put back with
 // the merged one in its place: a bpf_loop step per range each time, so that the verifier goes through a step
-// once, not once per range.
+// once, not once per range. What changes from step to step is in the walk state (a map value), not on the
+// stack: a count on the stack is a known number to the verifier, which then verifies the step once per value.
 struct snap_merge {
     struct snap_flow *flow;
     struct snap_walk_state *state;
-    u32 start;
-    u32 end;
-    u32 kept_count;
-    u32 placed;
 };
 
 static long snap_take_range_step(u32 index, void *ctx) {
     struct snap_merge *merge = ctx;
     struct snap_flow *flow = merge->flow;
+    struct snap_walk_state *state = merge->state;
     if (index >= flow->range_count)
         return 1;
     u32 range_start = flow->ranges[index & (SNAP_AHEAD_RANGES - 1)][0];
     u32 range_end = flow->ranges[index & (SNAP_AHEAD_RANGES - 1)][1];
-    if (range_end < merge->start || range_start > merge->end) {
-        u32 at = merge->kept_count & (SNAP_AHEAD_RANGES - 1);
-        merge->state->kept[at][0] = range_start;
-        merge->state->kept[at][1] = range_end;
-        merge->kept_count++;
+    if (range_end < state->merge_start || range_start > state->merge_end) {
+        u32 at = state->merge_kept & (SNAP_AHEAD_RANGES - 1);
+        state->kept[at][0] = range_start;
+        state->kept[at][1] = range_end;
+        state->merge_kept++;
     } else {
-        merge->start = range_start < merge->start ? range_start : merge->start;
-        merge->end = range_end > merge->end ? range_end : merge->end;
+        state->merge_start = range_start < state->merge_start ? range_start : state->merge_start;
+        state->merge_end = range_end > state->merge_end ? range_end : state->merge_end;
     }
     return 0;
 }
@@ -450,29 +452,35 @@ static long snap_take_range_step(u32 index, void *ctx) {
 static long snap_put_range_step(u32 index, void *ctx) {
     struct snap_merge *merge = ctx;
     struct snap_flow *flow = merge->flow;
-    if (index > merge->kept_count)
+    struct snap_walk_state *state = merge->state;
+    if (index > state->merge_kept)
         return 1;
     u32 at = index & (SNAP_AHEAD_RANGES - 1);
-    if (!merge->placed && (index == merge->kept_count || merge->state->kept[at][0] > merge->end)) {
-        flow->ranges[at][0] = merge->start;
-        flow->ranges[at][1] = merge->end;
-        merge->placed = 1;
+    if (!state->merge_placed && (index == state->merge_kept || state->kept[at][0] > state->merge_end)) {
+        flow->ranges[at][0] = state->merge_start;
+        flow->ranges[at][1] = state->merge_end;
+        state->merge_placed = 1;
     } else {
-        u32 from = (index - merge->placed) & (SNAP_AHEAD_RANGES - 1);
-        flow->ranges[at][0] = merge->state->kept[from][0];
-        flow->ranges[at][1] = merge->state->kept[from][1];
+        u32 from = (index - state->merge_placed) & (SNAP_AHEAD_RANGES - 1);
+        flow->ranges[at][0] = state->kept[from][0];
+        flow->ranges[at][1] = state->kept[from][1];
     }
     return 0;
 }
 
 // 0 when there is no slot left.
 static __always_inline int snap_add_range(struct snap_flow *flow, struct snap_walk_state *state, u32 start, u32 end) {
-    struct snap_merge merge = {.flow = flow, .state = state, .start = start, .end = end};
+    struct snap_merge merge = {.flow = flow, .state = state};
+    state->merge_start = start;
+    state->merge_end = end;
+    state->merge_kept = 0;
+    state->merge_placed = 0;
     bpf_loop(SNAP_AHEAD_RANGES, snap_take_range_step, &merge, 0);
-    if (merge.kept_count >= SNAP_AHEAD_RANGES)
+    u32 kept = state->merge_kept;
+    if (kept >= SNAP_AHEAD_RANGES)
         return 0;
     bpf_loop(SNAP_AHEAD_RANGES, snap_put_range_step, &merge, 0);
-    flow->range_count = merge.kept_count + 1;
+    flow->range_count = kept + 1;
     return 1;
 }
 
