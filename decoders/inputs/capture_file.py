@@ -17,7 +17,6 @@ it keeps.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import lzma
 import os
@@ -33,6 +32,7 @@ from typing import BinaryIO, Iterator, NamedTuple
 import numpy as np
 
 from dlcsniff.decoders.errors import CaptureError
+from dlcsniff.decoders.inputs.background_digest import BackgroundDigest
 from dlcsniff.decoders.inputs.record_walk import epb_offsets, pcap_offsets
 
 CHUNK_BYTES = 4 << 20
@@ -78,7 +78,7 @@ _OPT_ISB_IFDROP = 5
 _OPT_ISB_OSDROP = 7
 _DEFAULT_TSRESOL = 6     # microseconds, when an interface has no if_tsresol option
 
-_SPARE_BUFFERS = 4        # read buffers kept for reuse
+_SPARE_BUFFERS = 6        # read buffers kept for reuse (the hash may hold a few)
 
 _PCAP_RECORD = {e: struct.Struct(e + "IIII") for e in "<>"}          # ts_sec ts_frac caplen orig_len
 _PCAP_CAPLEN = {e: struct.Struct(e + "8xI") for e in "<>"}
@@ -265,15 +265,16 @@ def is_stream(path: str | os.PathLike) -> bool:
 
 class _Input(io.RawIOBase):
     """The raw input, read front to back only: it counts the bytes taken from it (progress), hashes them (the
-    manifest's sha256 of the input, from the bytes read for decoding: one pass over the file) and can look at its
-    first bytes (the magic) without a seek, so pipes read like files."""
+    manifest's sha256 of the input, from the bytes read for decoding: one pass over the file, hashed beside the
+    decoding: decoders.inputs.background_digest) and can look at its first bytes (the magic) without a seek, so
+    pipes read like files."""
 
     def __init__(self, source: BinaryIO, close_source: bool):
         self._source = source
         self._close_source = close_source
         self._head = b""
         self.consumed = 0
-        self.digest = hashlib.sha256()
+        self.digest = BackgroundDigest()
 
     def readable(self) -> bool:
         return True
@@ -297,8 +298,8 @@ class _Input(io.RawIOBase):
             return n
         n = self._source.readinto(buf) or 0
         self.consumed += n
-        with memoryview(buf) as view:
-            self.digest.update(view[:n])
+        if n:
+            self.digest.update(memoryview(buf)[:n])     # held (and the buffer with it) until hashed
         return n
 
     def sha256(self) -> str:
@@ -309,6 +310,7 @@ class _Input(io.RawIOBase):
         return self.digest.hexdigest()
 
     def close(self) -> None:
+        self.digest.close()
         if self._close_source and not self._source.closed:
             self._source.close()
         super().close()
@@ -453,15 +455,20 @@ class CaptureReader:
 
     def _free_buffer(self, size: int) -> bytearray:
         """A buffer of at least `size` bytes that nothing refers to any more (reused: its pages are
-        already mapped), or a new one."""
-        for spare in self._spares:
-            if len(spare) >= size:
-                try:
-                    last = spare.pop()        # a buffer something still has a view of cannot resize
-                except BufferError:
-                    continue
-                spare.append(last)            # (a shrink by one byte and back: no reallocation)
-                return spare
+        already mapped), or a new one. The input's hash holds views of the buffers it has still to hash: when
+        every spare is held, it is waited for before a buffer is added (the memory stays a few chunks)."""
+        for attempt in range(2):
+            for spare in self._spares:
+                if len(spare) >= size:
+                    try:
+                        last = spare.pop()        # a buffer something still has a view of cannot resize
+                    except BufferError:
+                        continue
+                    spare.append(last)            # (a shrink by one byte and back: no reallocation)
+                    return spare
+            if attempt or len(self._spares) < _SPARE_BUFFERS:
+                break
+            self._raw.digest.wait()
         new = bytearray(size)
         self._spares.append(new)
         del self._spares[:-_SPARE_BUFFERS]

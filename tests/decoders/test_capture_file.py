@@ -335,6 +335,28 @@ def test_memory_stays_flat_on_a_large_file(files, tmp_path):
     assert peak < 8 * capture.CHUNK_BYTES
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_the_hash_beside_decoding_is_the_files_and_its_thread_ends(files, tmp_path, compress):
+    """The input is hashed on a thread while it is read (decoders.inputs.background_digest): over many read
+    chunks, every byte is hashed once and in order (the file's own sha256, as stored: compressed when it is),
+    and no thread is left once the digest is taken (the CLI's fast exit needs none)."""
+    import threading
+    one = files["lo_us.pcap"].read_bytes()
+    data = one[:24] + one[24:] * (12 * capture.CHUNK_BYTES // len(one[24:]) + 1)
+    path = tmp_path / ("large.pcap.gz" if compress else "large.pcap")
+    path.write_bytes(gzip.compress(data, compresslevel=1) if compress else data)
+    threads = threading.active_count()
+    with open_capture(path) as reader:
+        n = sum(1 for _ in reader)
+        digest = reader.sha256()
+        assert threading.active_count() == threads
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert n == len(read_all(files["lo_us.pcap"])[0]) * (12 * capture.CHUNK_BYTES // len(one[24:]) + 1)
+    with open_capture(path) as reader:      # closed before the end: the thread ends too
+        next(iter(reader))
+    assert threading.active_count() == threads
+
+
 # -- pcapng blocks tcpdump never writes: built from the spec (draft-ietf-opsawg-pcapng) -----------------------
 
 
