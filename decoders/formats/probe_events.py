@@ -381,8 +381,11 @@ class BadRecord:
 
 
 class ProbeFileDecoder:
-    """Sans-IO reader of a probe file: `receive_data(chunk)` (b"" at end of file), then `next_event()`
-    until it returns NEED_DATA. `header` is set once the file header is read."""
+    """Sans-IO reader of a probe file: `receive_data(chunk)`, `receive_end()` at the end of the file, and
+    `next_event()` until it returns NEED_DATA. `header` is set once the file header is read.
+
+    The stream decoders' shape (decoders.sansio.StreamDecoder) without its capture times and gaps: a file's
+    bytes are all there and its records carry their own times."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -395,9 +398,11 @@ class ProbeFileDecoder:
     def receive_data(self, data: bytes | memoryview) -> None:
         if self._eof and data:
             raise DecodeError("data after the end of the file")
-        if not data:
-            self._eof = True
         self._buffer += data
+
+    def receive_end(self) -> None:
+        """The end of the file: a record it cuts short is counted (truncated_bytes), a header it cuts fails."""
+        self._eof = True
 
     def _consume(self, count: int) -> memoryview:
         piece = memoryview(bytes(self._buffer[:count]))
@@ -459,7 +464,7 @@ def parse_probe_file(data: bytes | memoryview) -> tuple[dict, list[Event], list[
     """A whole probe file's bytes -> (header, events, bad records, truncated bytes at the end)."""
     decoder = ProbeFileDecoder()
     decoder.receive_data(data)
-    decoder.receive_data(b"")
+    decoder.receive_end()
     events: list[Event] = []
     bad: list[BadRecord] = []
     while (item := decoder.next_event()) is not NEED_DATA:

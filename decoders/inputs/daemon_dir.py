@@ -71,7 +71,10 @@ def _read_probe_file(path: Path, warnings: list[str]) -> list:
         with open(path, "rb") as stream:
             while True:
                 chunk = stream.read(READ_CHUNK_BYTES)
-                decoder.receive_data(chunk)
+                if chunk:
+                    decoder.receive_data(chunk)
+                else:
+                    decoder.receive_end()
                 while (item := decoder.next_event()) is not ev.NEED_DATA:
                     if isinstance(item, ev.BadRecord):
                         warnings.append(f"{path.name}: record at offset {item.offset} skipped: {item.reason}")

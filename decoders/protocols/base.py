@@ -19,7 +19,8 @@ no TCP segments), and pulls events with `next_event()` until it answers `NEED_DA
     next_event()                             Row | StreamColumns | ExtraStream | Count | NEED_DATA
 
 plus, for the batch TCP driver, `skippable_bytes(stream_id)` / `skip(stream_id, size, ts_ns)`: how many of a
-direction's next bytes the decoder need not see (payload it would only count).
+direction's next bytes the decoder need not see (payload it would only count). Inside, a protocol decoder reads
+each direction with a stream decoder of the same shape without the stream_id (decoders.sansio.StreamDecoder).
 
 Events are rows of the decode tables (decoders.schema), named by column: a row that names a TCP direction does
 so by the reassembler's stream number (`stream_id`, or `<name>_stream_id` for another direction it refers

@@ -22,17 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlcsniff.decoders.protocols.tcpstore import decoder as tcpstore
-from dlcsniff.decoders.inputs.capture_file import open_capture
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols.gloo.decoder import GlooCaptureDecoder
 from dlcsniff.decoders.protocols.gloo.wire import (P2P, GlooMessage, GlooStreamDecoder, Opcode, PairConnect, Slot,
                                                    parse_preamble, parse_rank_record, parse_slot, split_rank_key)
 from dlcsniff.decoders.sansio import Resync
-from dlcsniff.decoders.packet import Segment, ip_to_str, parse_packet
-from dlcsniff.decoders.tcp import StreamData, StreamStarted, TcpReassembler
+from dlcsniff.decoders.packet import ip_to_str
 from dlcsniff.decoders.protocols.base import TcpDirection
 from tests.conftest import PCAPS
 from tests.support.protocol_driver import drain, rows_of, run_decoder
+from tests.support.real_streams import real_stream_bytes
 
 JOB = PCAPS / "gloo"
 RANKS = range(4)
@@ -211,23 +210,6 @@ def test_zero_filled_payload_is_not_taken_for_a_preamble():
 
 # -- real streams -----------------------------------------------------------------------------------------------
 
-def real_stream_bytes(path) -> dict[tuple, bytes]:
-    """Every TCP direction of a capture, reassembled, by key."""
-    tcp = TcpReassembler()
-    keys, chunks = {}, collections.defaultdict(list)
-    with open_capture(path) as reader:
-        for packet in reader:
-            segment = parse_packet(packet.linktype, packet.data, packet.ts_ns)
-            if isinstance(segment, Segment):
-                for event in tcp.feed(segment):
-                    if isinstance(event, StreamStarted):
-                        src, sport, dst, dport = event.key
-                        keys[event.stream_id] = (ip_to_str(src), sport, ip_to_str(dst), dport)
-                    elif isinstance(event, StreamData):
-                        chunks[event.stream_id].append(bytes(event.data))
-    return {keys[sid]: b"".join(parts) for sid, parts in chunks.items()}
-
-
 @pytest.fixture(scope="module")
 def job():
     return json.loads((JOB / "job.json").read_text())
@@ -329,6 +311,13 @@ def exchange_fields(exchange: tcpstore.StoreExchange) -> tuple:
             response and (response.offset, response.size_bytes, response.values, response.number))
 
 
+def end_store(connection: tcpstore.TcpStoreConnection, ts_ns: int) -> list:
+    """End both directions of a store connection; the exchanges that makes."""
+    connection.requests.receive_end(ts_ns)
+    connection.responses.receive_end(ts_ns)
+    return drain(connection)
+
+
 def test_every_tcpstore_query_whole_bytewise_and_with_trailing_bytes():
     requests = b"".join(bytes([query]) + args for query, args, *_ in STORE_CASES)
     responses = b"".join(response for _, _, response, *_ in STORE_CASES if response is not None)
@@ -337,10 +326,10 @@ def test_every_tcpstore_query_whole_bytewise_and_with_trailing_bytes():
         connection = tcpstore.TcpStoreConnection()
         exchanges = []
         for chunk in request_chunks:
-            connection.receive_request_data(chunk, 1)
+            connection.requests.receive_data(chunk, 1)
             exchanges += drain(connection)
         for chunk in response_chunks:
-            connection.receive_response_data(chunk, 2)
+            connection.responses.receive_data(chunk, 2)
             exchanges += drain(connection)
         return connection, sorted(exchanges, key=lambda e: e.request.offset)
 
@@ -357,13 +346,12 @@ def test_every_tcpstore_query_whole_bytewise_and_with_trailing_bytes():
     # Trailing bytes: half of one more GET, and a byte of its answer, change nothing before them.
     trailing_connection, trailing = run([requests + b"\x03" + vec("key")[:5]], [responses + b"\x07"])
     assert [exchange_fields(e) for e in trailing] == [exchange_fields(e) for e in exchanges]
-    trailing_connection.receive_end(3)
-    assert drain(trailing_connection) == [] and trailing_connection.lost_bytes == 7
+    assert end_store(trailing_connection, 3) == [] and trailing_connection.lost_bytes == 7
 
 
 def test_tcpstore_connection_must_start_with_validate():
     connection = tcpstore.TcpStoreConnection()
-    connection.receive_request_data(b"\x03" + vec("k"), 1)
+    connection.requests.receive_data(b"\x03" + vec("k"), 1)
     assert drain(connection) == []
     assert connection.failed and "VALIDATE" in connection.failed
 
@@ -378,19 +366,21 @@ def test_tcpstore_loss_costs_only_the_messages_it_hit():
     requests, responses = store_chunks()
     lost_requests, lost_responses = {3, 9}, {6, 15}       # COMPARE_SET, DELETE_KEY; CHECK, QUEUE_POP answers
     connection = tcpstore.TcpStoreConnection()
+    exchanges = []
     for i, (request, response) in enumerate(zip(requests, responses)):
         ts = 10 * i
         if i in lost_requests:
-            connection.receive_request_gap(len(request), ts)
+            connection.requests.receive_gap(len(request), ts)
         else:
-            connection.receive_request_data(request, ts)
+            connection.requests.receive_data(request, ts)
+        exchanges += drain(connection)
         if response is not None:
             if i in lost_responses:
-                connection.receive_response_gap(len(response), ts + 5)
+                connection.responses.receive_gap(len(response), ts + 5)
             else:
-                connection.receive_response_data(response, ts + 5)
-    connection.receive_end(1000)
-    exchanges = drain(connection)
+                connection.responses.receive_data(response, ts + 5)
+            exchanges += drain(connection)
+    exchanges += end_store(connection, 1000)
     assert connection.failed is None
     by_offset = {e.request.offset: e for e in exchanges}
     offsets = [sum(map(len, requests[:i])) for i in range(len(requests))]
@@ -410,15 +400,18 @@ def test_tcpstore_responses_handed_over_before_their_requests_are_paired_in_time
     responses to them."""
     requests, responses = store_chunks()
     connection = tcpstore.TcpStoreConnection()
-    connection.receive_request_data(requests[0], 0)
-    connection.receive_request_gap(len(requests[1]), 15)
+    connection.requests.receive_data(requests[0], 0)
+    exchanges = drain(connection)
+    connection.requests.receive_gap(len(requests[1]), 15)
+    exchanges += drain(connection)
     for i in range(1, len(requests)):
         if responses[i] is not None:
-            connection.receive_response_data(responses[i], 10 * i + 5)
+            connection.responses.receive_data(responses[i], 10 * i + 5)
+            exchanges += drain(connection)
     for i in range(2, len(requests)):
-        connection.receive_request_data(requests[i], 10 * i)
-    connection.receive_end(1000)
-    exchanges = drain(connection)
+        connection.requests.receive_data(requests[i], 10 * i)
+        exchanges += drain(connection)
+    exchanges += end_store(connection, 1000)
     answered = {e.request.query: e.response.values for e in exchanges if e.response is not None}
     assert answered[tcpstore.Query.GET] == (b"v2",) and answered[tcpstore.Query.MULTI_GET] == (b"1", b"")
     assert len([e for e in exchanges if e.request.query != tcpstore.Query.VALIDATE]) == len(requests) - 2
@@ -481,10 +474,10 @@ def test_rank_records_from_the_real_rendezvous(rank1_streams, job):
     client = next(key for key, data in rank1_streams.items() if data.startswith(tcpstore.VALIDATE_PREFIX))
     requests, responses = rank1_streams[client], rank1_streams[(client[2], client[3], client[0], client[1])]
     connection = tcpstore.TcpStoreConnection()
-    connection.receive_request_data(requests, 1)
-    connection.receive_response_data(responses, 2)
-    connection.receive_end(3)
+    connection.requests.receive_data(requests, 1)
     exchanges = drain(connection)
+    connection.responses.receive_data(responses, 2)
+    exchanges += drain(connection) + end_store(connection, 3)
     assert connection.failed is None
     gets = {e.request.keys[0]: e.response.values[0] for e in exchanges if e.request.query == tcpstore.Query.GET}
     ips = {node["rank"]: node["ip"] for node in job["nodes"]}
@@ -498,12 +491,12 @@ def test_rank_records_from_the_real_rendezvous(rank1_streams, job):
     again = []
     for i in range(max(len(requests), len(responses))):
         if i < len(requests):
-            bytewise.receive_request_data(requests[i:i + 1], 1)
+            bytewise.requests.receive_data(requests[i:i + 1], 1)
+            again += drain(bytewise)
         if i < len(responses):
-            bytewise.receive_response_data(responses[i:i + 1], 2)
-        again += drain(bytewise)
-    bytewise.receive_end(3)
-    again += drain(bytewise)
+            bytewise.responses.receive_data(responses[i:i + 1], 2)
+            again += drain(bytewise)
+    again += end_store(bytewise, 3)
 
     def in_request_order(found):     # an exchange is emitted when complete: order follows the feeding
         return [exchange_fields(e) for e in sorted(found, key=lambda e: e.request.offset)]
@@ -675,11 +668,10 @@ def test_fuzz_stream_decoder_never_raises_and_accounts_for_every_byte(pieces, in
 def test_fuzz_tcpstore_connection_fails_cleanly(chunks):
     connection = tcpstore.TcpStoreConnection()
     for to_server, data in [(True, tcpstore.VALIDATE_PREFIX), *chunks]:
-        receive = connection.receive_request_data if to_server else connection.receive_response_data
-        receive(data, 0)
+        (connection.requests if to_server else connection.responses).receive_data(data, 0)
         for exchange in drain(connection):
             assert isinstance(exchange.request.query, tcpstore.Query)
-    connection.receive_end(0)
+    end_store(connection, 0)
     assert connection.failed is None or isinstance(connection.failed, str)
 
 

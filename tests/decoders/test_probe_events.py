@@ -214,7 +214,7 @@ def decode_in_pieces(data: bytes, piece_bytes: int) -> tuple[ev.ProbeFileDecoder
         decoder.receive_data(data[start:start + piece_bytes])
         while (item := decoder.next_event()) is not NEED_DATA:
             found.append(item)
-    decoder.receive_data(b"")
+    decoder.receive_end()
     while (item := decoder.next_event()) is not NEED_DATA:
         found.append(item)
     return decoder, found

@@ -291,7 +291,7 @@ def test_end_of_stream_inside_a_message_or_a_header():
     assert dec.lost_bytes == 0
     events, dec = decode_every_way(stream[:-2])     # the last frame's header is cut in half
     assert messages(events)[0].complete is False and dec.lost_bytes == 1
-    dec.receive_data(b"", 0)                        # the end, again, then bytes after it: only counted
+    dec.receive_end(0)                              # the end, again, then bytes after it: only counted
     dec.receive_data(b"late", 0)
     dec.receive_gap(6, 0)
     assert drain(dec) == [] and dec.lost_bytes == 1 + 4 + 6

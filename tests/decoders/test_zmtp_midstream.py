@@ -233,7 +233,7 @@ def _read(chunks: list[bytes]) -> tuple[list, int, int]:
     for i, chunk in enumerate(chunks):
         reading.zmtp.receive_data(chunk, i)
         reading.drain()
-    reading.zmtp.receive_data(b"", 0)
+    reading.zmtp.receive_end(0)
     reading.drain()
     return ([(type(ev).__name__, ev.frame_sizes if isinstance(ev, Message) else ev.name) for ev in reading.events()],
             reading.lost_bytes, reading.resyncs)

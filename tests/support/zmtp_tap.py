@@ -123,7 +123,7 @@ def decode(pieces, *, end: bool = True, **decoder_options) -> tuple[list, ZmtpDe
             decoder.receive_data(*piece)
         events.extend(drain(decoder))
     if end:
-        decoder.receive_data(b"", 0)
+        decoder.receive_end(0)
         events.extend(drain(decoder))
     return events, decoder
 
@@ -149,7 +149,7 @@ def decode_with_invariants(segments: list, sizes: list[int], *, max_buffer: int 
                 assert decoder.buffered_bytes < max_buffer
             total += len(segment)
         events.extend(drain(decoder))
-    decoder.receive_data(b"", total)
+    decoder.receive_end(total)
     events.extend(drain(decoder))
     assert decoder.lost_bytes <= total
     offsets = [ev.offset for ev in events if isinstance(ev, Resync)]

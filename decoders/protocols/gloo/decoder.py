@@ -31,7 +31,7 @@ from dlcsniff.decoders.protocols.gloo.wire import (CONNECT_SEQUENCE, MAX_RANKS, 
                                                    PREAMBLE_BYTES, GlooMessage, GlooStreamDecoder, Opcode, PairConnect,
                                                    RankRecord, could_be_sequence_or_preamble, is_preamble,
                                                    parse_rank_record, parse_slot, split_rank_key)
-from dlcsniff.decoders.sansio import NEED_DATA
+from dlcsniff.decoders.sansio import NEED_DATA, StreamDecoder
 from dlcsniff.decoders.tcp import StreamKey
 
 Endpoint = tuple[bytes, int]
@@ -61,6 +61,15 @@ class _StoreConnection:
     client_stream_id: int                # the request direction names the connection in the rows
     decoder: tcpstore.TcpStoreConnection
     open_directions: int = 1             # claimed and not ended: responses may follow the client's FIN
+
+    def direction(self, is_client: bool) -> StreamDecoder:
+        return self.decoder.requests if is_client else self.decoder.responses
+
+    def end(self, ts_ns: int) -> None:
+        """Both directions are over (a direction never claimed ends with the other)."""
+        self.open_directions = 0
+        self.decoder.requests.receive_end(ts_ns)
+        self.decoder.responses.receive_end(ts_ns)
 
 
 @dataclass(slots=True)
@@ -140,20 +149,17 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             self._take_gloo_events(stream)
             return
         connection, is_client = self._store[stream_id]
-        decoder = connection.decoder
-        receive = decoder.receive_request_data if is_client else decoder.receive_response_data
-        receive(data, ts_ns)
+        connection.direction(is_client).receive_data(data, ts_ns)
         self._take_exchanges(connection)
 
     def receive_gap(self, stream_id: int, size: int, ts_ns: int, lost: bool) -> None:
         stream = self._gloo.get(stream_id)
         if stream is not None:
-            stream.decoder.receive_gap(size, ts_ns)
+            stream.decoder.receive_gap(size, ts_ns, lost=lost)
             self._take_gloo_events(stream)
             return
         connection, is_client = self._store[stream_id]
-        decoder = connection.decoder
-        (decoder.receive_request_gap if is_client else decoder.receive_response_gap)(size, ts_ns)
+        connection.direction(is_client).receive_gap(size, ts_ns, lost=lost)
         self._take_exchanges(connection)
 
     def receive_end(self, stream_id: int, ts_ns: int) -> None:
@@ -162,11 +168,12 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             stream.decoder.receive_end(ts_ns)
             self._take_gloo_events(stream)
             return
-        connection, _ = self._store[stream_id]
+        connection, is_client = self._store[stream_id]
+        connection.direction(is_client).receive_end(ts_ns)
         connection.open_directions -= 1
         if not connection.open_directions:
-            connection.decoder.receive_end(ts_ns)
-            self._take_exchanges(connection)
+            connection.end(ts_ns)
+        self._take_exchanges(connection)
 
     def end_of_capture(self) -> None:
         self._emit_rows(self._rows())
@@ -174,8 +181,7 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
     def _rows(self) -> CaptureRows:
         for connection in self._store_clients.values():
             if connection.open_directions:
-                connection.open_directions = 0
-                connection.decoder.receive_end(0)
+                connection.end(0)
                 self._take_exchanges(connection)
         pairs = self._resolve_pairs()
         _, local_ip = self._local_node(pairs)

@@ -16,8 +16,8 @@ Wire format (gloo/transport/tcp: pair.h, pair.cc, device.cc; checked on captures
   "<group prefix>/<rank>" to its Rank record (`parse_rank_record`): host name, listening sockaddr, and one
   pair identifier per peer rank. That maps listening addresses and connect sequence numbers to ranks.
 
-`GlooStreamDecoder` reads one direction: bytes in, events out (`next_event`: `PairConnect`, `GlooMessage`,
-`Resync`, then NEED_DATA).
+`GlooStreamDecoder` reads one direction, a `decoders.sansio.StreamDecoder`: bytes, gaps and the end in, events
+out (`next_event`: `PairConnect`, `GlooMessage`, `Resync`, then NEED_DATA).
 Payloads are counted, never copied. Bytes the capture lost inside a payload only make that message
 incomplete; lost bytes that hit a preamble make the decoder scan forward for the next plausible preamble.
 """
@@ -205,8 +205,9 @@ class GlooStreamDecoder:
             else:
                 pos = self._scan(view, pos, ts_ns, events)
 
-    def receive_gap(self, size: int, ts_ns: int) -> None:
-        """`size` stream bytes the capture never saw."""
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
+        """`size` stream bytes not in the capture. Payload bytes cut by the snaplen (lost False) count as missing
+        as lost ones do: a message's `missing_bytes` are the payload bytes the capture does not hold."""
         events = self._events
         self.offset += size
         if self._state is _State.PAYLOAD:

@@ -618,7 +618,7 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     def receive_end(self, stream_id: int, ts_ns: int) -> None:
         st = self._streams[stream_id]
         for zmtp in _readings(st):
-            zmtp.receive_data(b"", ts_ns)
+            zmtp.receive_end(ts_ns)
         self._drain(stream_id, st)
 
     def skippable_bytes(self, stream_id: int) -> int:
@@ -631,7 +631,7 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     def end_of_capture(self) -> None:
         for stream_id, st in self._streams.items():
             for zmtp in _readings(st):
-                zmtp.receive_data(b"", 0)
+                zmtp.receive_end(0)
             self._drain(stream_id, st)
             if (st.plain is not None and not st.zmtp.evidence and st.plain.believed
                     and self._greeted.intersection(st.ends)):

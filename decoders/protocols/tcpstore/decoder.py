@@ -27,9 +27,13 @@ response before sending the next query, so responses are matched to requests in 
 | 17 LIST_KEYS | - | i64 n, n keys |
 | 18 BARRIER | key, i64 world size | u8 (0 stop waiting) |
 
-`TcpStoreConnection` reads both directions of one client connection and returns `StoreExchange`s (a
-request with its response). A message is decoded once it is whole; messages are small (keys and rank
-addresses), and one beyond `MAX_MESSAGE_BYTES` stops the decoding of its connection.
+Each direction of a client connection has its stream decoder, in the one shape (decoders.sansio.StreamDecoder):
+`StoreRequestDecoder` reads the client's requests, `StoreResponseDecoder` the store's responses. Responses are
+not self-describing (a response's layout is its query's), so the response decoder is told the request decoder's
+events; `TcpStoreConnection` is that step, and hands back `StoreExchange`s (a request with its response). Both
+directions stay stream decoders fed like any other, rather than one decoder of two directions, so that the
+caller feeds, gaps and ends each direction as the capture does. A message is decoded once it is whole; messages
+are small (keys and rank addresses), and one beyond `MAX_MESSAGE_BYTES` stops the decoding of its connection.
 
 Lost data costs only the messages it hit. The client writes each request whole (TCPStore.cpp buffers a
 query's fields and sends them at once) and waits for its response before the next query, and the server
@@ -48,7 +52,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
+from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed, Sentinel
 
 VALIDATION_MAGIC = 0x3C85F7CE
 MAX_MESSAGE_BYTES = 1 << 26
@@ -254,10 +258,10 @@ def looks_like_request(prefix: bytes) -> bool | None:
     return all(0x20 <= byte < 0x7F for byte in key)
 
 
-class _Direction:
+class _Buffer:
     """Bytes of one direction not decoded yet, with the capture time of each chunk."""
 
-    __slots__ = ("buf", "offset", "chunk_ends", "chunk_ts", "need", "resync")
+    __slots__ = ("buf", "offset", "chunk_ends", "chunk_ts", "need")
 
     def __init__(self):
         self.buf = bytearray()
@@ -265,12 +269,15 @@ class _Direction:
         self.chunk_ends: list[int] = []      # stream offset after each buffered chunk...
         self.chunk_ts: list[int] = []        # ...and its capture time
         self.need = 1                        # bytes the buffer must hold before parsing is worth a try
-        self.resync = False                  # after lost bytes: the next chunk must hold whole messages
 
     def append(self, data: bytes | memoryview, ts_ns: int) -> None:
         self.buf += data
         self.chunk_ends.append(self.offset + len(self.buf))
         self.chunk_ts.append(ts_ns)
+
+    def ready(self) -> bool:
+        """Whether a parse may find a whole message (the buffer holds what the last try found missing)."""
+        return bool(self.buf) and len(self.buf) >= self.need
 
     def ts_at(self, offset: int) -> int:
         """Capture time of the chunk holding the byte at stream offset `offset`."""
@@ -299,149 +306,303 @@ class _Direction:
         return held
 
 
-class TcpStoreConnection:
-    """Both directions of one TCPStore client connection (sans-IO).
+# -- the client's direction -------------------------------------------------------------------------
 
-    Public state: `failed` (why decoding stopped, or None), `lost_bytes` (bytes not decoded).
+@dataclass(frozen=True, slots=True)
+class RequestsSeen:
+    """A chunk of the client's, captured at ts_ns, after the requests it completes: the requests sent before a
+    response captured by then are all known (decoded or lost)."""
+    ts_ns: int
 
-    Until the capture loses bytes of the connection, responses are paired with requests in order. After
-    that (and the reassembly of a direction with a hole may hand over its later bytes after the other
-    direction's), each response chunk is paired in time, once the requests sent before it are known: it
-    must hold one whole response to the last request sent before it, with no lost request in between.
+
+@dataclass(frozen=True, slots=True)
+class RequestsLost:
+    """Request bytes the capture lost, after the client's chunk captured at sent_after_ns (-1: none yet)."""
+    sent_after_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsEnded:
+    """The client's direction ended: no more requests."""
+
+
+RequestEvent = StoreRequest | RequestsSeen | RequestsLost | RequestsEnded | DecodeFailed
+
+
+class StoreRequestDecoder:
+    """The requests of one TCPStore client connection (the client's direction), a decoders.sansio.StreamDecoder.
+
+    Events: `StoreRequest`s, and what pairing the responses needs to know of the client's direction: after the
+    requests each chunk completes, `RequestsSeen` with its capture time; `RequestsLost` where the capture lost
+    bytes; `RequestsEnded`. `DecodeFailed` when the bytes are no TCPStore requests, after which bytes are only
+    counted. Public state: `lost_bytes` (bytes not decoded), `failed` (the reason).
     """
 
     def __init__(self, *, midstream: bool = False):
-        """`midstream`: the connection's first bytes are not in the capture (no VALIDATE to expect;
-        requests are taken from the first chunk that holds whole ones, responses paired in time)."""
-        self.failed: str | None = None
+        """`midstream`: the connection's first bytes are not in the capture (no VALIDATE to expect; requests are
+        taken from the first chunk that holds whole ones)."""
         self.lost_bytes = 0
+        self.failed: str | None = None
+        self._pending = _Buffer()
         self._validated = midstream
-        self._requests = _Direction()
-        self._responses = _Direction()
-        self._requests.resync = midstream
+        self._resync = midstream             # after lost bytes: the next chunk must hold whole requests
+        self._events: deque[RequestEvent] = deque()
+        self._chunks_seen: deque[tuple[int, int]] = deque()    # (stream offset after, ts_ns) of chunks whose
+        #                                                          RequestsSeen is still to come
+        self._last_chunk_ns = -1             # capture time of the latest chunk
+        self._ended = False
+        self._end_reported = False
+
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        if not data:
+            return
+        if self.failed is not None or self._ended:
+            self.lost_bytes += len(data)
+            return
+        pending = self._pending
+        pending.append(data, ts_ns)
+        self._last_chunk_ns = ts_ns
+        if self._resync:
+            self._resync_on_chunk()
+            self._events.append(RequestsSeen(ts_ns))
+        else:
+            self._chunks_seen.append((pending.offset + len(pending.buf), ts_ns))
+
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
+        """`size` request bytes not in the capture (lost or cut: a request is decoded only whole): the request
+        they belong to is lost."""
+        while not self._ended and self._decode_one():    # the bytes before the gap are decoded first
+            pass
+        if self.failed is not None or self._ended:
+            self.lost_bytes += size
+            return
+        self._events.append(RequestsLost(self._last_chunk_ns))
+        pending = self._pending
+        self.lost_bytes += size + pending.discard()
+        pending.offset += size
+        self._resync = True
+
+    def receive_end(self, ts_ns: int) -> None:
+        self._ended = True
+
+    def next_event(self) -> RequestEvent | Sentinel:
+        if not self._events:
+            self._decode_one()
+        return self._events.popleft() if self._events else NEED_DATA
+
+    def _decode_one(self) -> bool:
+        """Queue the next event the bytes held allow; False when there is none."""
+        if self.failed is not None:
+            return False
+        pending, seen = self._pending, self._chunks_seen
+        if not self._resync and pending.ready():
+            reader = _Reader(pending.buf)
+            request: tuple | DecodeError | None = None
+            try:
+                request = _parse_request(reader)
+                if not self._validated and (request[0] != Query.VALIDATE or request[3] != VALIDATION_MAGIC):
+                    raise DecodeError(f"connection starts with {request[0].name}, not VALIDATE + magic")
+            except _Short as short:
+                pending.need = short.args[0]
+            except DecodeError as exc:
+                request = exc
+            if request is not None:
+                if seen and pending.offset + reader.pos > seen[0][0]:
+                    # a chunk that ended before the bytes deciding this request: seen first
+                    self._events.append(RequestsSeen(seen.popleft()[1]))
+                elif isinstance(request, DecodeError):
+                    self._fail(str(request))
+                else:
+                    self._validated = True
+                    self._take(reader.pos, *request)
+                return True
+        if seen:
+            self._events.append(RequestsSeen(seen.popleft()[1]))
+            return True
+        if self._ended and not self._end_reported:
+            self._end_reported = True
+            self.lost_bytes += pending.discard()
+            self._events.append(RequestsEnded())
+            return True
+        return False
+
+    def _fail(self, reason: str) -> None:
+        self.failed = reason
+        self._events.append(DecodeFailed(self._pending.offset, reason))
+        self.lost_bytes += self._pending.discard()
+        self._chunks_seen.clear()
+
+    def _take(self, size: int, query: Query, keys: tuple[str, ...], values: tuple[bytes, ...],
+              number: int | None) -> None:
+        offset, first_ns, last_ns = self._pending.consume(size)
+        self._events.append(StoreRequest(offset, first_ns, last_ns, size, query, keys, values, number))
+
+    def _resync_on_chunk(self) -> None:
+        """The buffer is a chunk that follows lost bytes: take it if it holds whole requests exactly."""
+        pending = self._pending
+        found = []
+        reader = _Reader(pending.buf)
+        try:
+            while reader.pos < len(pending.buf):
+                start = reader.pos
+                parsed = _parse_request(reader)
+                found.append((reader.pos - start, parsed))
+        except (_Short, DecodeError):
+            self.lost_bytes += pending.discard()
+            return
+        self._resync = False
+        self._validated = True
+        for size, parsed in found:
+            self._take(size, *parsed)
+
+
+# -- the store's direction --------------------------------------------------------------------------
+
+class StoreResponseDecoder:
+    """The store's responses on one client connection, a decoders.sansio.StreamDecoder told the client's requests.
+
+    A response does not say which query it answers, nor (for most queries) how long it is: it is read as the
+    answer to a request, so `receive_request_event` hands it every event of the connection's
+    StoreRequestDecoder, in order, and in capture order with this decoder's own input (each request event
+    before the response bytes, gaps and end captured after it). Events: `StoreExchange` (each request with its
+    response, or None when it has none or the capture holds none) and `DecodeFailed`.
+
+    Until the capture loses bytes of the connection, responses are read in order, each as the answer to the
+    oldest request waiting for one. After that (and the reassembly of a direction with a hole may hand over its
+    later bytes after the other direction's), each response chunk is paired in time, once the requests sent
+    before it are known: it must hold one whole response to the last request sent before it, with no lost
+    request in between. Public state: `lost_bytes` (bytes not decoded).
+    """
+
+    def __init__(self, *, midstream: bool = False):
+        """`midstream`: the connection's first bytes are not in the capture (responses are paired in time)."""
+        self.lost_bytes = 0
+        self._pending = _Buffer()
         self._awaiting: deque[StoreRequest] = deque()
         self._timed = midstream              # responses paired in time (bytes were lost)
-        self._response_chunks: deque[tuple[bytes, int, int]] = deque()   # timed: (bytes, offset, ts_ns)
-        # Capture time of the last request chunk, and of the last one before each loss of request bytes:
+        self._chunks: deque[tuple[bytes, int, int]] = deque()   # timed: (bytes, offset, ts_ns)
+        # Capture time of the client's latest chunk, and of the last one before each loss of request bytes:
         # a lost request was sent after it.
-        self._last_request_ns = -1
+        self._requests_seen_ns = -1
         self._request_losses: list[int] = []
         self._request_times: list[int] = []  # timed: when each request decoded since was sent
-        self._exchanges: deque[StoreExchange] = deque()
+        self._pair_due = False               # timed: a chunk came, of either direction, since the last pairing
+        self._exchanges: deque[StoreExchange | DecodeFailed] = deque()
+        self._ended = False
+        self._requests_ended = False
+        self._done = False                   # the exchanges are all out (or decoding failed)
 
-    def receive_request_data(self, data: bytes | memoryview, ts_ns: int) -> None:
-        self._receive(self._requests, data, ts_ns)
-
-    def receive_response_data(self, data: bytes | memoryview, ts_ns: int) -> None:
-        if self._timed and self.failed is None:
-            self._response_chunks.append((bytes(data), self._responses.offset, ts_ns))
-            self._responses.offset += len(data)
-            self._pair_responses(final=False)
+    def receive_request_event(self, event: RequestEvent) -> None:
+        """An event of the connection's StoreRequestDecoder."""
+        if self._done:
             return
-        self._receive(self._responses, data, ts_ns)
+        cls = event.__class__
+        if cls is StoreRequest:
+            if self._timed:
+                bisect.insort(self._request_times, event.ts_first_ns)
+            if event.query in NO_RESPONSE_QUERIES:
+                self._exchanges.append(StoreExchange(event, None))
+            else:
+                self._awaiting.append(event)
+        elif cls is RequestsSeen:
+            self._requests_seen_ns = event.ts_ns
+            if self._timed:
+                self._pair_due = True
+        elif cls is RequestsLost:
+            self._go_timed()
+            bisect.insort(self._request_losses, event.sent_after_ns)
+        elif cls is RequestsEnded:
+            self._requests_ended = True
+            if self._ended:
+                self._finish(final_pairing=True)
+        else:                                # DecodeFailed: nothing more of the connection can be paired
+            self._finish(final_pairing=False)
 
-    def receive_request_gap(self, size: int, ts_ns: int) -> None:
-        """`size` request bytes the capture lost: the request they belong to is lost."""
-        if self.failed is not None:
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        if not data:
+            return
+        if self._done or self._ended:
+            self.lost_bytes += len(data)
+        elif self._timed:
+            self._chunks.append((bytes(data), self._pending.offset, ts_ns))
+            self._pending.offset += len(data)
+            self._pair_due = True
+        else:
+            self._pending.append(data, ts_ns)
+
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
+        """`size` response bytes not in the capture: the response they belong to is lost."""
+        if self._done or self._ended:
             self.lost_bytes += size
             return
         self._go_timed()
-        bisect.insort(self._request_losses, self._last_request_ns)
-        self.lost_bytes += size + self._requests.discard()
-        self._requests.offset += size
-        self._requests.resync = True
-
-    def receive_response_gap(self, size: int, ts_ns: int) -> None:
-        """`size` response bytes the capture lost: the response they belong to is lost."""
-        if self.failed is not None:
-            self.lost_bytes += size
-            return
-        self._go_timed()
-        self._responses.offset += size
+        self._pending.offset += size
         self.lost_bytes += size
 
     def receive_end(self, ts_ns: int) -> None:
-        """The connection ended: requests still waiting are reported without a response."""
-        if self._timed and self.failed is None:
+        """The store's direction ended: once the client's has too, requests still waiting have no response."""
+        self._ended = True
+        if self._requests_ended:
+            self._finish(final_pairing=True)
+
+    def next_event(self) -> StoreExchange | DecodeFailed | Sentinel:
+        if not self._exchanges and not self._done:
+            if self._pair_due:
+                self._pair_due = False
+                self._pair_responses(final=False)
+            elif not self._timed and self._awaiting and self._pending.ready():
+                self._read_response()
+        return self._exchanges.popleft() if self._exchanges else NEED_DATA
+
+    def _read_response(self) -> None:
+        """In order: the response to the oldest request waiting, if the bytes held have it whole."""
+        pending = self._pending
+        reader = _Reader(pending.buf)
+        try:
+            values, number = _parse_response(reader, self._awaiting[0])
+        except _Short as short:
+            pending.need = short.args[0]
+        except DecodeError as exc:
+            self._exchanges.append(DecodeFailed(pending.offset, str(exc)))
+            self._finish(final_pairing=False)
+        else:
+            offset, first_ns, last_ns = pending.consume(reader.pos)
+            response = StoreResponse(offset, first_ns, last_ns, reader.pos, values, number)
+            self._exchanges.append(StoreExchange(self._awaiting.popleft(), response))
+
+    def _finish(self, *, final_pairing: bool) -> None:
+        """No more requests nor responses: the waiting requests go out without one, the bytes held are lost."""
+        if self._done:
+            return
+        self._done = True
+        if final_pairing and self._timed:
             self._pair_responses(final=True)
         self._exchanges.extend(StoreExchange(request, None) for request in self._awaiting)
         self._awaiting.clear()
-        self.lost_bytes += self._requests.discard() + self._responses.discard()
-        self.lost_bytes += sum(len(chunk) for chunk, _, _ in self._response_chunks)
-        self._response_chunks.clear()
-
-    def next_event(self) -> StoreExchange | Sentinel:
-        """The next query with its response (None: none came), or NEED_DATA."""
-        return self._exchanges.popleft() if self._exchanges else NEED_DATA
-
-    # -- decoding ---------------------------------------------------------------------------------
-    def _receive(self, direction: _Direction, data: bytes | memoryview, ts_ns: int) -> None:
-        if self.failed is not None:
-            self.lost_bytes += len(data)
-            return
-        direction.append(data, ts_ns)
-        if direction is self._requests:
-            self._last_request_ns = ts_ns
-            if direction.resync:
-                self._resync_requests()
-        if len(direction.buf) >= direction.need:
-            try:
-                self._decode()
-            except DecodeError as exc:
-                self._fail(str(exc))
-                return
-        if self._timed:
-            self._pair_responses(final=False)
+        self.lost_bytes += self._pending.discard() + sum(len(chunk) for chunk, _, _ in self._chunks)
+        self._chunks.clear()
 
     def _go_timed(self) -> None:
         """From now on pair responses in time: the response bytes held become chunks of their own."""
         if self._timed:
             return
         self._timed = True
-        responses = self._responses
-        start = responses.offset
-        for end, ts_ns in zip(responses.chunk_ends, responses.chunk_ts):
-            self._response_chunks.append((bytes(responses.buf[start - responses.offset:end - responses.offset]),
-                                          start, ts_ns))
+        pending = self._pending
+        start = pending.offset
+        for end, ts_ns in zip(pending.chunk_ends, pending.chunk_ts):
+            self._chunks.append((bytes(pending.buf[start - pending.offset:end - pending.offset]), start, ts_ns))
             start = end
-        held = len(responses.buf)
-        responses.discard()
-        responses.offset -= held           # the chunks keep their offsets; new bytes follow them
-
-    def _resync_requests(self) -> None:
-        """The buffer is a chunk that follows lost bytes: take it if it holds whole requests exactly."""
-        requests = self._requests
-        found = []
-        reader = _Reader(requests.buf)
-        try:
-            while reader.pos < len(requests.buf):
-                start = reader.pos
-                parsed = _parse_request(reader)
-                found.append((reader.pos - start, parsed))
-        except (_Short, DecodeError):
-            self.lost_bytes += requests.discard()
-            return
-        requests.resync = False
-        self._validated = True
-        for size, (query, keys, values, number) in found:
-            offset, first_ns, last_ns = requests.consume(size)
-            self._take_request(StoreRequest(offset, first_ns, last_ns, size, query, keys, values, number))
-
-    def _take_request(self, request: StoreRequest) -> None:
-        if self._timed:
-            bisect.insort(self._request_times, request.ts_first_ns)
-        if request.query in NO_RESPONSE_QUERIES:
-            self._exchanges.append(StoreExchange(request, None))
-        else:
-            self._awaiting.append(request)
+        held = len(pending.buf)
+        pending.discard()
+        pending.offset -= held             # the chunks keep their offsets; new bytes follow them
 
     def _pair_responses(self, *, final: bool) -> None:
         """Timed pairing of the response chunks whose requests are known (all of them when `final`)."""
         exchanges = self._exchanges
-        chunks = self._response_chunks
+        chunks = self._chunks
         while chunks:
             data, offset, ts_ns = chunks[0]
-            if not final and ts_ns > self._last_request_ns:
+            if not final and ts_ns > self._requests_seen_ns:
                 break                          # requests sent before it may still come
             chunks.popleft()
             # A client waits for each response before its next query: a request sent after this one's
@@ -466,41 +627,50 @@ class TcpStoreConnection:
             exchanges.append(StoreExchange(self._awaiting.popleft(),
                                            StoreResponse(offset, ts_ns, ts_ns, len(data), values, number)))
 
-    def _decode(self) -> None:
-        requests, responses = self._requests, self._responses
-        progress = True
-        while progress:
-            progress = False
-            if requests.buf and len(requests.buf) >= requests.need and not requests.resync:
-                reader = _Reader(requests.buf)
-                try:
-                    query, keys, values, number = _parse_request(reader)
-                except _Short as short:
-                    requests.need = short.args[0]
-                else:
-                    if not self._validated and (query != Query.VALIDATE or number != VALIDATION_MAGIC):
-                        raise DecodeError(f"connection starts with {query.name}, not VALIDATE + magic")
-                    self._validated = True
-                    offset, first_ns, last_ns = requests.consume(reader.pos)
-                    self._take_request(StoreRequest(offset, first_ns, last_ns, reader.pos, query, keys, values,
-                                                    number))
-                    progress = True
-            if not self._timed and responses.buf and len(responses.buf) >= responses.need and self._awaiting:
-                reader = _Reader(responses.buf)
-                try:
-                    values, number = _parse_response(reader, self._awaiting[0])
-                except _Short as short:
-                    responses.need = short.args[0]
-                else:
-                    offset, first_ns, last_ns = responses.consume(reader.pos)
-                    response = StoreResponse(offset, first_ns, last_ns, reader.pos, values, number)
-                    self._exchanges.append(StoreExchange(self._awaiting.popleft(), response))
-                    progress = True
 
-    def _fail(self, reason: str) -> None:
-        if self.failed is None:
-            self.failed = reason
-        self.receive_end(0)
+# -- the pairing ------------------------------------------------------------------------------------
+
+class TcpStoreConnection:
+    """One TCPStore client connection: a stream decoder per direction (`requests`, `responses`, fed by the
+    caller) and the step that hands the requests' events to the responses, whose `next_event` gives the
+    connection's `StoreExchange`s. The caller drains it after each input to either direction: that hands the
+    responses the requests' events in capture order.
+
+    A direction that stops making sense stops the connection (its pairing could no longer be trusted): `failed`
+    says why, and the bytes of both directions from there on are counted in `lost_bytes`.
+    """
+
+    def __init__(self, *, midstream: bool = False):
+        """`midstream`: the connection's first bytes are not in the capture."""
+        self.requests = StoreRequestDecoder(midstream=midstream)
+        self.responses = StoreResponseDecoder(midstream=midstream)
+        self.failed: str | None = None
+        self._lost_after_failure = 0         # requests decoded after the responses failed
+
+    @property
+    def lost_bytes(self) -> int:
+        return self.requests.lost_bytes + self.responses.lost_bytes + self._lost_after_failure
+
+    def next_event(self) -> StoreExchange | Sentinel:
+        """The next query with its response (None: none came), or NEED_DATA."""
+        requests, responses = self.requests, self.responses
+        while True:
+            event = responses.next_event()
+            if event.__class__ is StoreExchange:
+                return event
+            if event is not NEED_DATA:           # DecodeFailed
+                self.failed = self.failed or event.reason
+                continue
+            event = requests.next_event()
+            if event is NEED_DATA:
+                return NEED_DATA
+            if self.failed is not None:
+                if event.__class__ is StoreRequest:
+                    self._lost_after_failure += event.size_bytes
+                continue
+            if event.__class__ is DecodeFailed:
+                self.failed = event.reason
+            responses.receive_request_event(event)
 
 
 def torchelastic_fields(key: str, value: bytes) -> dict:

@@ -1,9 +1,9 @@
 """ZMTP, the ZeroMQ wire protocol (1.0, 2.0 = RFC 15, 3.0 = RFC 23, 3.1 = RFC 37), decoded sans-IO.
 
-One `ZmtpDecoder` reads one direction of one TCP connection. It is fed the captured bytes with their
-capture timestamps (`receive_data`), the sizes of byte ranges the capture lost (`receive_gap`) and the
-end of the stream (`receive_data(b"")`), and returns typed events from `next_event()` until it answers
-`NEED_DATA`:
+One `ZmtpDecoder` reads one direction of one TCP connection, a `decoders.sansio.StreamDecoder`: it is fed the
+captured bytes with their capture timestamps (`receive_data`), the sizes of byte ranges the capture lost
+(`receive_gap`) and the end of the stream (`receive_end`), and returns typed events from `next_event()` until
+it answers `NEED_DATA`:
 
     Greeting -> Command* (handshake) -> (Message | Command)*     [+ Resync, DecodeFailed]
 
@@ -367,12 +367,11 @@ class ZmtpDecoder:
     # -- input ----------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
-        """Buffer captured bytes of the stream; b"" marks its end."""
+        """Buffer captured bytes of the stream (after a failure or the end: only counted)."""
+        if not data:
+            return
         if self._state is _State.FAILED or self._queue.ended:
             self.lost_bytes += len(data)
-            return
-        if not data:
-            self._queue.ended = True
             return
         view = data if isinstance(data, memoryview) else memoryview(data)
         if view.format != "B" or view.ndim != 1:
@@ -388,6 +387,10 @@ class ZmtpDecoder:
             self.lost_bytes += size
             return
         self._queue.push_gap(size, ts_ns, lost)
+
+    def receive_end(self, ts_ns: int) -> None:
+        """The stream ended: a message or frame it cut short comes out incomplete, bytes left unread are lost."""
+        self._queue.ended = True
 
     def skippable_bytes(self) -> int:
         """How many of the stream's next bytes `skip` may account for unseen: the rest of a frame body it
