@@ -215,6 +215,7 @@ class _ControlSocket:
         self._events: collections.deque = collections.deque()
 
     def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        """Control-socket bytes (never while it waits on `assume_inline`: its reading of them depends on it)."""
         self._read(memoryview(data), ts_ns)
 
     def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
