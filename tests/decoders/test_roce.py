@@ -24,7 +24,8 @@ from scapy.utils import PcapWriter
 
 from dlcsniff.decoders.inputs.capture_file import Packet, open_capture
 from dlcsniff.decoders.protocols.nccl_socket.decoder import NcclSocketCaptureDecoder
-from dlcsniff.decoders.protocols.roce.decoder import RoceCaptureDecoder, compute_icrc, parse_cts, parse_roce
+from dlcsniff.decoders.protocols.roce.decoder import RoceCaptureDecoder, compute_icrc, parse_roce
+from dlcsniff.decoders.protocols.roce.nccl_ib import parse_cts
 from tests.conftest import require_tool
 from tests.support.protocol_driver import rows_of, run_decoder, run_decoders
 from tests.support.roce_gen import COUNTERS, CTS_LAYOUTS, NETWORKS, QP_A_SEND, QP_B_RECV, RETH, cts_entries, roce_capture

@@ -23,9 +23,14 @@ Whether a capture comes from before 2.27 (no inline payloads) cannot be read fro
 sockets, the first message of at most 128 bytes forks two hypotheses, fed the same bytes, and the one whose
 control and data sockets agree at the end is kept.
 
-`NcclSocketCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base). It
-keeps no payload beyond the first bytes of each message (the LL/LL128 test, and a digest of the first
-HEAD_DIGEST_BYTES: whether a rank forwarded what it received or reduced it).
+`NcclSocketCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base). Its
+stream decoders have the one shape of decoders.sansio: `receive_data(data, ts_ns)`, `receive_gap(size, ts_ns,
+lost=True)`, `receive_end(ts_ns)` in, typed events from `next_event()` out until NEED_DATA. A bootstrap
+direction is read by a `BootstrapStream` (decoders.protocols.nccl_socket.bootstrap). A net-socket connection
+spans sockets: each reading of it has a `_ControlSocket` and a `_DataSocket` per data socket, and
+`_NetSocketConnection` couples them (it deals the control socket's messages over the data sockets and keeps
+the reading that fits). It keeps no payload beyond the first bytes of each message (the LL/LL128 test, and a
+digest of the first HEAD_DIGEST_BYTES: whether a rank forwarded what it received or reduced it).
 
 Collectives are inferred job-wide from the messages by decoders.protocols.nccl.collectives (shared with
 decoders.protocols.roce.decoder), which decoders.job runs once every capture is decoded.
@@ -36,10 +41,13 @@ import collections
 import copy
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlcsniff.decoders.packet import ip_to_str
 from dlcsniff.decoders.protocols.base import CaptureRows, Count, ProtocolDecoderBase, TcpDirection
+from dlcsniff.decoders.protocols.nccl_socket.bootstrap import (MAX_BOOTSTRAP_BYTES, BootstrapMessage, BootstrapPeer,
+                                                              BootstrapStream)
+from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed, Sentinel
 
 NCCL_SOCKET_MAGIC = 0x564AB9F2FC4B9D6C     # net transports' handshake magic (src/include/socket.h)
 NCCL_COMM_ID_MAGIC = 0x0280028002800280    # communicators created through NCCL_COMM_ID (src/include/comm.h)
@@ -48,7 +56,6 @@ TYPE_BOOTSTRAP, TYPE_PROXY, TYPE_NET_SOCKET, TYPE_RAS = 1, 2, 3, 5   # 4 (net-IB
 MAX_SOCKETS = 64                 # net_socket.cc MAX_SOCKETS: highest index a connection can announce
 MIN_TASK_BYTES = 64 << 10        # NCCL_SOCKET_MIN_TASKSIZE default
 INLINE_MAX_BYTES = 128           # NCCL_SOCKET_INLINE default (2.27+)
-MAX_BOOTSTRAP_BYTES = 1 << 30    # sanity bound on a bootstrap message length
 MAX_RANK = 1 << 24
 # Before 2.16 (no handshake) a net-socket message is one proxy step of at most NCCL_BUFFSIZE: a larger size
 # in what would be a control socket's first bytes means it is not one.
@@ -60,7 +67,6 @@ HEAD_DIGEST_BYTES = 64           # first payload bytes digested per message (als
 HANDSHAKE = struct.Struct("<Qi")   # u64 magic, i32 ncclSocketType
 HANDSHAKE_BYTES = HANDSHAKE.size
 _I32 = struct.Struct("<i")
-_BOOTSTRAP_HEADER = struct.Struct("<ii")   # 2.23+: one 8-byte message {rank, tag}
 _LEGACY_RANK_HEADER = _I32.pack(4)           # up to 2.22 the rank and the tag travel as 4-byte messages
 _LL_FLAGS = struct.Struct("<xxxxIxxxxI")   # one 16-byte LL line: the two flag words
 _U64 = struct.Struct("<Q")
@@ -111,6 +117,44 @@ def task_sizes(size_bytes: int, nsocks: int) -> list[int]:
     return [min(task, size_bytes - offset) for offset in range(0, size_bytes, task)]
 
 
+# -- events ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class NetSocketMessage:
+    """One message of a net-socket connection, as the reading that fits its sockets best dealt it."""
+    seq: int
+    size_bytes: int
+    ts_first_ns: int
+    ts_last_ns: int
+    complete: bool
+    inline: bool | None          # its payload came on the control socket (2.27+); None when nsocks == 0
+    tasks: int                   # data-socket tasks it was cut into
+    proto: str | None            # LL, LL128, Simple (line_protocol)
+    payload_bytes: int | None    # data bytes inside size_bytes under that protocol
+    head_crc32: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class InlineEra:
+    """Whether a net-socket connection reads as 2.27+ (`inline`: small payloads on the control socket) or older:
+    told only once a small message forked the two readings and one of them fits the sockets better."""
+    inline: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _MessageStarted:
+    """A control socket announced `message`: its payload follows there, or is to be dealt over the data sockets."""
+    message: _Message
+
+
+@dataclass(frozen=True, slots=True)
+class _InlineUndecided:
+    """A control socket met a message small enough to travel inline before it is known whether payloads do:
+    it reads nothing more until told (`_ControlSocket.assume_inline`)."""
+    size_bytes: int
+    ts_ns: int
+
+
 # -- net-socket messages and the striping model -----------------------------------------------------
 
 class _Message:
@@ -141,90 +185,155 @@ class _Message:
             if self.head_crc32 is None and len(self.sample) >= min(HEAD_DIGEST_BYTES, self.size_bytes):
                 self.head_crc32 = zlib.crc32(self.sample[:HEAD_DIGEST_BYTES])
 
+    def event(self) -> NetSocketMessage:
+        proto = line_protocol(bytes(self.sample), self.size_bytes)
+        return NetSocketMessage(self.seq, self.size_bytes, self.ts_first_ns, self.ts_last_ns,
+                                not self.pending_bytes and not self.missing_bytes, self.inline, self.tasks, proto,
+                                protocol_payload_bytes(proto, self.size_bytes), self.head_crc32)
 
-class _Transfer:
-    """One hypothesis of how a net-socket connection's control and data sockets carry its messages.
 
-    `inline_max_bytes` is INLINE_MAX_BYTES (2.27+), 0 (older), or None until a message tells them apart.
+class _ControlSocket:
+    """A stream decoder for one reading of a net-socket control socket: an `i32 size` per message, then its
+    payload where it travels on the control socket too (nsocks == 0, or inline: 2.27+, at most
+    INLINE_MAX_BYTES).
+
+    `inline_max_bytes` is INLINE_MAX_BYTES, 0 (older), or None until a message tells them apart. Events:
+    `_MessageStarted`, `_InlineUndecided` (it reads on once `assume_inline` says which era to take), and
+    DecodeFailed, after which its bytes are only counted.
     """
 
     def __init__(self, nsocks: int):
         self.nsocks = nsocks
         self.inline_max_bytes: int | None = 0 if nsocks == 0 else None
-        self.messages: list[_Message] = []
-        self.next_sock = 0
-        self.queues = [collections.deque() for _ in range(nsocks)]   # tasks: [message, bytes left, payload offset]
-        self.early_bytes = [0] * nsocks      # data-socket bytes that came before any task was waiting for them
-        self.early_lost = [0] * nsocks       # ... of which the capture lost these
-        self.early_ts_ns = [0] * nsocks
+        self.offset = 0                           # control-socket bytes read (after the socket's index byte)
+        self.announced = 0                        # messages announced so far
         self.header = bytearray()
         self.payload: _Message | None = None      # message whose payload is on the control socket now
-        self.fork: tuple[int, int] | None = None  # (size, ts) of a small message met while undecided
-        self.broken: str | None = None
+        self.failed = False
+        self.undecided: tuple[int, int] | None = None    # (size, ts) of the small message it stopped at
+        self.rest: tuple[memoryview, int] | None = None  # the bytes after it, with their timestamp
+        self._events: collections.deque = collections.deque()
 
-    def feed_control(self, view: memoryview, ts_ns: int) -> int:
-        """Read control-socket bytes; returns how many were used (fewer only when `fork` is set)."""
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        """Control-socket bytes (never while it waits on `assume_inline`: its reading of them depends on it)."""
+        self._read(memoryview(data), ts_ns)
+
+    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+        """Bytes the capture did not deliver (lost, or cut short: unknown either way)."""
+        self.offset += size
+        msg = self.payload
+        if msg is not None and size <= msg.pending_bytes:
+            msg.receive(None, size, msg.size_bytes - msg.pending_bytes, ts_ns, True)
+            if not msg.pending_bytes:
+                self.payload = None
+        elif not self.failed:
+            self._fail(self.offset - size, f"the capture lost {size} control-socket bytes across a message "
+                                           f"header after message {self.announced}: the sizes after it are unknown")
+
+    def receive_end(self, ts_ns: int) -> None:
+        """Nothing to flush: a message cut short by the end stays incomplete."""
+
+    def next_event(self) -> _MessageStarted | _InlineUndecided | DecodeFailed | Sentinel:
+        return self._events.popleft() if self._events else NEED_DATA
+
+    def assume_inline(self, inline_max_bytes: int) -> None:
+        """Take the era (INLINE_MAX_BYTES or 0) for the small message it stopped at, and read on."""
+        self.inline_max_bytes = inline_max_bytes
+        size, ts_ns = self.undecided
+        self.undecided = None
+        self._start(size, ts_ns)
+        rest, self.rest = self.rest, None
+        self._read(*rest)
+
+    def _read(self, view: memoryview, ts_ns: int) -> None:
         pos, end = 0, len(view)
-        while pos < end and self.broken is None:
+        while pos < end and not self.failed:
             msg = self.payload
             if msg is not None:
                 take = min(end - pos, msg.pending_bytes)
                 msg.receive(view[pos:pos + take], take, msg.size_bytes - msg.pending_bytes, ts_ns, False)
                 pos += take
+                self.offset += take
                 if not msg.pending_bytes:
                     self.payload = None
                 continue
             take = min(4 - len(self.header), end - pos)
             self.header += view[pos:pos + take]
             pos += take
+            self.offset += take
             if len(self.header) < 4:
                 break
             size = _I32.unpack(self.header)[0]
             self.header.clear()
             if size < 0:
-                self.broken = f"control socket announced a negative size ({size}) after message {len(self.messages)}"
+                self._fail(self.offset - 4, f"control socket announced a negative size ({size}) after message "
+                                            f"{self.announced}")
             elif 0 < size <= INLINE_MAX_BYTES and self.inline_max_bytes is None:
-                self.fork = (size, ts_ns)
-                return pos
+                self.undecided, self.rest = (size, ts_ns), (view[pos:], ts_ns)
+                self._events.append(_InlineUndecided(size, ts_ns))
+                return
             else:
-                self.start_message(size, ts_ns)
-        return end
+                self._start(size, ts_ns)
 
-    def control_gap(self, size: int, ts_ns: int) -> None:
-        msg = self.payload
-        if msg is not None and size <= msg.pending_bytes:
-            msg.receive(None, size, msg.size_bytes - msg.pending_bytes, ts_ns, True)
-            if not msg.pending_bytes:
-                self.payload = None
-        elif self.broken is None:
-            self.broken = (f"the capture lost {size} control-socket bytes across a message header after "
-                           f"message {len(self.messages)}: the sizes after it are unknown")
-
-    def start_message(self, size: int, ts_ns: int) -> None:
+    def _start(self, size: int, ts_ns: int) -> None:
         inline = None if self.nsocks == 0 else 0 < size <= (self.inline_max_bytes or 0)
-        msg = _Message(len(self.messages), size, ts_ns, inline)
-        self.messages.append(msg)
-        if not size:
-            return
-        if self.nsocks == 0 or inline:
+        msg = _Message(self.announced, size, ts_ns, inline)
+        self.announced += 1
+        if size and (self.nsocks == 0 or inline):
             self.payload = msg
-            return
-        offset = 0
-        for task in task_sizes(size, self.nsocks):
-            self.queues[self.next_sock].append([msg, task, offset])
-            offset += task
-            msg.tasks += 1
-            self.next_sock = (self.next_sock + 1) % self.nsocks
-        for sock, early in enumerate(self.early_bytes):
-            if early:
-                lost = self.early_lost[sock]
-                self.early_bytes[sock] = self.early_lost[sock] = 0
-                self.feed_data(sock, None, lost, self.early_ts_ns[sock], True)
-                self.feed_data(sock, None, early - lost, self.early_ts_ns[sock], False)
+        self._events.append(_MessageStarted(msg))
 
-    def feed_data(self, sock: int, view: memoryview | None, nbytes: int, ts_ns: int, lost: bool) -> None:
-        """`nbytes` bytes of data socket `sock`: in `view`, or lost by the capture (`lost`), or not kept."""
-        queue = self.queues[sock]
+    def _fail(self, offset: int, reason: str) -> None:
+        self.failed = True
+        self._events.append(DecodeFailed(offset, reason))
+
+
+class _DataSocket:
+    """A stream decoder for one reading of a net-socket data socket. Data sockets carry no framing: their bytes
+    are the tasks the control socket's messages were cut into, in the order they were dealt to this socket
+    (`expect`), and land in those messages. It has no events of its own (`next_event` is always NEED_DATA).
+
+    Bytes that come before a task is waiting for them are counted (`early_bytes`) and handed to the next
+    tasks dealt (`replay_early`): under a wrong reading they never find one.
+    """
+
+    def __init__(self):
+        self.queue: collections.deque = collections.deque()   # tasks: [message, bytes left, payload offset]
+        self.early_bytes = 0
+        self.early_lost = 0          # ... of which the capture lost these
+        self.early_ts_ns = 0
+
+    def receive_data(self, data: bytes | memoryview, ts_ns: int) -> None:
+        view = memoryview(data)
+        self._fill(view, len(view), ts_ns, False)
+
+    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+        """Bytes the capture did not deliver: their messages miss them (lost or cut short alike)."""
+        self._fill(None, size, ts_ns, True)
+
+    def receive_end(self, ts_ns: int) -> None:
+        """Nothing to flush: a task cut short leaves its message incomplete."""
+
+    def next_event(self) -> Sentinel:
+        return NEED_DATA
+
+    def expect(self, msg: _Message, size_bytes: int, payload_offset: int) -> None:
+        self.queue.append([msg, size_bytes, payload_offset])
+
+    def replay_early(self) -> None:
+        if self.early_bytes:
+            early, lost = self.early_bytes, self.early_lost
+            self.early_bytes = self.early_lost = 0
+            self._fill(None, lost, self.early_ts_ns, True)
+            self._fill(None, early - lost, self.early_ts_ns, False)
+
+    def disagreement_bytes(self) -> int:
+        """Bytes on which this socket and the control socket disagree: early ones, and tasks never filled."""
+        return self.early_bytes + sum(task[1] for task in self.queue)
+
+    def _fill(self, view: memoryview | None, nbytes: int, ts_ns: int, lost: bool) -> None:
+        """`nbytes` bytes: in `view`, or lost by the capture (`lost`), or not kept (None)."""
+        queue = self.queue
         pos = 0
         while pos < nbytes and queue:
             task = queue[0]
@@ -236,17 +345,74 @@ class _Transfer:
             if not task[1]:
                 queue.popleft()
         if pos < nbytes:
-            self.early_bytes[sock] += nbytes - pos
-            self.early_lost[sock] += (nbytes - pos) if lost else 0
-            self.early_ts_ns[sock] = ts_ns
+            self.early_bytes += nbytes - pos
+            self.early_lost += (nbytes - pos) if lost else 0
+            self.early_ts_ns = ts_ns
+
+
+class _Transfer:
+    """One reading (hypothesis) of how a net-socket connection's control and data sockets carry its messages:
+    a `_ControlSocket` and its `_DataSocket`s, and the striping that deals each announced message's tasks
+    round-robin over the data sockets."""
+
+    def __init__(self, nsocks: int):
+        self.nsocks = nsocks
+        self.control = _ControlSocket(nsocks)
+        self.data = [_DataSocket() for _ in range(nsocks)]
+        self.messages: list[_Message] = []
+        self.next_sock = 0
+        self.failure: DecodeFailed | None = None
+
+    def receive_control(self, view: memoryview | None, nbytes: int, ts_ns: int) -> _InlineUndecided | None:
+        """Control-socket bytes (None: lost); the small message it stopped at if the era is undecided."""
+        if view is None:
+            self.control.receive_gap(nbytes, ts_ns)
+        else:
+            self.control.receive_data(view, ts_ns)
+        return self._take_control_events()
+
+    def assume_inline(self, inline_max_bytes: int) -> None:
+        self.control.assume_inline(inline_max_bytes)
+        self._take_control_events()
+
+    def fork(self) -> _Transfer:
+        """A copy to follow the other era from the undecided message on (the bytes after it are shared)."""
+        rest = self.control.rest
+        return copy.deepcopy(self, {id(rest[0]): rest[0]})
+
+    def _take_control_events(self) -> _InlineUndecided | None:
+        while (event := self.control.next_event()) is not NEED_DATA:
+            if event.__class__ is _MessageStarted:
+                self._deal(event.message)
+            elif event.__class__ is DecodeFailed:
+                self.failure = event
+            else:
+                return event
+        return None
+
+    def _deal(self, msg: _Message) -> None:
+        self.messages.append(msg)
+        if not msg.size_bytes or self.nsocks == 0 or msg.inline:
+            return
+        offset = 0
+        for task in task_sizes(msg.size_bytes, self.nsocks):
+            self.data[self.next_sock].expect(msg, task, offset)
+            offset += task
+            msg.tasks += 1
+            self.next_sock = (self.next_sock + 1) % self.nsocks
+        for sock in self.data:
+            sock.replay_early()
 
     def disagreement_bytes(self) -> int:
-        """Bytes on which the control and data sockets disagree under this hypothesis (huge if it broke)."""
-        return sum(self.early_bytes) + sum(t[1] for q in self.queues for t in q) + (1 << 62 if self.broken else 0)
+        """Bytes on which the control and data sockets disagree under this reading (huge if it failed)."""
+        return sum(sock.disagreement_bytes() for sock in self.data) + (1 << 62 if self.failure else 0)
 
 
 class _NetSocketConnection:
-    """The sockets one net-socket sendComm opened to one listener, and the hypotheses about their messages."""
+    """The sockets one net-socket sendComm opened to one listener: it couples the control socket and the data
+    sockets of each reading (routing each socket's bytes to its decoder in every reading, forking the reading
+    where a small message leaves the era open) and, once the capture is over (`end`), hands back the messages
+    of the reading that fits best as events: `NetSocketMessage`, `InlineEra`, DecodeFailed."""
 
     def __init__(self, handshake: bool, sender: str, receiver: str):
         self.handshake = handshake
@@ -254,106 +420,48 @@ class _NetSocketConnection:
         self.members: dict[int, int] = {}      # socket index -> stream id
         self.nsocks: int | None = None         # known once sealed: the control socket's index
         self.models: list[_Transfer] = []
+        self._events: collections.deque = collections.deque()
 
     def seal(self, nsocks: int) -> None:
         self.nsocks = nsocks
         self.models = [_Transfer(nsocks)]
 
-    def control(self, view: memoryview, ts_ns: int) -> None:
-        for model in list(self.models):
-            self._feed(model, view, ts_ns)
-
-    def _feed(self, model: _Transfer, view: memoryview, ts_ns: int) -> None:
-        pos = model.feed_control(view, ts_ns)
-        while model.fork is not None:
-            size, fork_ts_ns = model.fork
-            model.fork = None
-            twin = copy.deepcopy(model)
-            model.inline_max_bytes, twin.inline_max_bytes = INLINE_MAX_BYTES, 0
-            model.start_message(size, fork_ts_ns)
-            twin.start_message(size, fork_ts_ns)
-            self.models.append(twin)
-            self._feed(twin, view[pos:], ts_ns)
-            pos += model.feed_control(view[pos:], ts_ns)
-
-    def control_gap(self, size: int, ts_ns: int) -> None:
-        for model in self.models:
-            model.control_gap(size, ts_ns)
-
-    def data(self, sock: int, view: memoryview | None, nbytes: int, ts_ns: int) -> None:
-        for model in self.models:
-            model.feed_data(sock, view, nbytes, ts_ns, view is None)
-
-    def best(self) -> _Transfer | None:
-        return min(self.models, key=_Transfer.disagreement_bytes) if self.models else None
-
-
-# -- bootstrap -------------------------------------------------------------------------------------------
-
-class _BootstrapRecord:
-    __slots__ = ("size_bytes", "ts_first_ns", "ts_last_ns", "pending_bytes", "missing_bytes", "content")
-
-    def __init__(self, size_bytes: int, ts_ns: int):
-        self.size_bytes = size_bytes
-        self.ts_first_ns = ts_ns
-        self.ts_last_ns = ts_ns
-        self.pending_bytes = size_bytes
-        self.missing_bytes = 0
-        self.content = bytearray()          # kept only for records of at most 8 bytes (rank / tag headers)
-
-
-class _BootstrapConnection:
-    """`i32 size, bytes` records on one bootstrap connection, in order."""
-
-    def __init__(self):
-        self.records: list[_BootstrapRecord] = []
-        self.header = bytearray()
-        self.current: _BootstrapRecord | None = None
-        self.broken: str | None = None
-
-    def feed(self, view: memoryview | None, nbytes: int, ts_ns: int) -> None:
-        pos = 0
-        while pos < nbytes and self.broken is None:
-            rec = self.current
-            if rec is not None:
-                take = min(nbytes - pos, rec.pending_bytes)
+    def receive_socket(self, index: int, view: memoryview | None, nbytes: int, ts_ns: int) -> None:
+        """`nbytes` bytes of socket `index` (None: lost) for every reading."""
+        if index == self.nsocks:
+            for model in list(self.models):
+                undecided = model.receive_control(view, nbytes, ts_ns)
+                if undecided is not None:
+                    twin = model.fork()
+                    self.models.append(twin)
+                    model.assume_inline(INLINE_MAX_BYTES)
+                    twin.assume_inline(0)
+        elif index < self.nsocks:
+            for model in self.models:
+                sock = model.data[index]
                 if view is None:
-                    rec.missing_bytes += take
-                elif rec.size_bytes <= _BOOTSTRAP_HEADER.size:
-                    rec.content += view[pos:pos + take]
-                rec.pending_bytes -= take
-                rec.ts_last_ns = ts_ns
-                pos += take
-                if not rec.pending_bytes:
-                    self.current = None
-                continue
-            if view is None:
-                self.broken = f"the capture lost {nbytes - pos} bytes across a bootstrap message header"
-                return
-            take = min(4 - len(self.header), nbytes - pos)
-            self.header += view[pos:pos + take]
-            pos += take
-            if len(self.header) < 4:
-                return
-            size = _I32.unpack(self.header)[0]
-            self.header.clear()
-            if not 0 <= size <= MAX_BOOTSTRAP_BYTES:
-                self.broken = f"bootstrap message {len(self.records)} announces {size} bytes"
-                return
-            rec = _BootstrapRecord(size, ts_ns)
-            self.records.append(rec)
-            self.current = rec if size else None
+                    sock.receive_gap(nbytes, ts_ns)
+                else:
+                    sock.receive_data(view, ts_ns)
 
-    def messages(self) -> tuple[int | None, int | None, list[_BootstrapRecord]]:
-        """(sender rank, tag, data messages): a point-to-point connection starts with the rank and tag."""
-        recs = self.records
-        if len(recs) >= 1 and recs[0].size_bytes == 8 and len(recs[0].content) == 8:      # 2.23+
-            rank, tag = _BOOTSTRAP_HEADER.unpack(recs[0].content)
-            return rank, tag, recs[1:]
-        if (len(recs) >= 2 and recs[0].size_bytes == recs[1].size_bytes == 4
-                and len(recs[0].content) == len(recs[1].content) == 4):                   # up to 2.22
-            return _I32.unpack(recs[0].content)[0], _I32.unpack(recs[1].content)[0], recs[2:]
-        return None, None, recs
+    def end_socket(self, index: int, ts_ns: int) -> None:
+        for model in self.models:
+            (model.control if index == self.nsocks else model.data[index]).receive_end(ts_ns)
+
+    def end(self) -> None:
+        """No more bytes (the capture is over): the best reading's outcome becomes the events."""
+        if not self.models:
+            return
+        model = min(self.models, key=_Transfer.disagreement_bytes)
+        if len(self.models) > 1 and model.disagreement_bytes() < min(
+                m.disagreement_bytes() for m in self.models if m is not model):
+            self._events.append(InlineEra(model.control.inline_max_bytes == INLINE_MAX_BYTES))
+        if model.failure is not None:
+            self._events.append(model.failure)
+        self._events.extend(msg.event() for msg in model.messages)
+
+    def next_event(self) -> NetSocketMessage | InlineEra | DecodeFailed | Sentinel:
+        return self._events.popleft() if self._events else NEED_DATA
 
 
 # -- the capture-level decoder ---------------------------------------------------------------------------
@@ -372,15 +480,45 @@ class _Stream:
     key: tuple = ()                             # the TCP direction (src ip, src port, dst ip, dst port)
     connection: _NetSocketConnection | None = None
     index: int | None = None
-    bootstrap: _BootstrapConnection | None = None
+    bootstrap: BootstrapStream | None = None
     payload_bytes: int = 0                      # bytes delivered (a label direction: did it speak?)
+    ended: bool = False
+    decoded: _Decoded | None = None             # a bootstrap direction's events
+
+
+@dataclass(slots=True)
+class _Decoded:
+    """The events of a bootstrap stream decoder or of a net-socket connection, gathered for the rows."""
+    messages: list = field(default_factory=list)       # BootstrapMessage or NetSocketMessage
+    failure: DecodeFailed | None = None
+    peer: BootstrapPeer | None = None
+    inline_era: bool | None = None
+
+    def take(self, decoder) -> None:
+        """The decoder's events until NEED_DATA."""
+        while (event := decoder.next_event()) is not NEED_DATA:
+            cls = event.__class__
+            if cls is BootstrapMessage or cls is NetSocketMessage:
+                self.messages.append(event)
+            elif cls is DecodeFailed:
+                self.failure = event
+            elif cls is BootstrapPeer:
+                self.peer = event
+            elif cls is InlineEra:
+                self.inline_era = event.inline
+
+    @property
+    def decode_error(self) -> str | None:
+        return None if self.failure is None else self.failure.reason
 
 
 class NcclSocketCaptureDecoder(ProtocolDecoderBase):
     """NCCL's TCP connections in one capture: net-socket transfers, bootstrap messages, proxy / RAS labels.
 
-    A protocol decoder (decoders.protocols.base). Connections claimed on pre-2.16 structure alone (no
-    handshake) are reported only if the rest of the capture bears them out (`_unproven_legacy`).
+    A protocol decoder (decoders.protocols.base). Each bootstrap direction is read by a `BootstrapStream`,
+    each net-socket connection by a `_NetSocketConnection` over its sockets' stream decoders; their events
+    become the rows at the end of the capture. Connections claimed on pre-2.16 structure alone (no handshake)
+    are reported only if the rest of the capture bears them out (`_unproven`).
     """
 
     name = "nccl_socket"
@@ -394,6 +532,7 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         self._connections: dict[tuple, _NetSocketConnection] = {}    # (src ip, dst ip, dst port) -> latest
         self._legacy_candidates: dict[tuple, dict[int, int]] = {}    # pre-2.16: index -> stream id, by listener
         self._all_connections: list[_NetSocketConnection] = []
+        self._decoded: dict[_NetSocketConnection, _Decoded] = {}     # each connection's events, at the end
 
     # -- claiming ------------------------------------------------------------------------------------
     def claim(self, direction: TcpDirection, prefix: bytes) -> bool | None:
@@ -448,7 +587,7 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
                 return False
             self._known_magics.add(magic)
             self._streams[stream_id] = _Stream(_BOOT, "nccl_bootstrap", "bootstrap", magic, HANDSHAKE_BYTES,
-                                               bootstrap=_BootstrapConnection())
+                                               bootstrap=BootstrapStream(), decoded=_Decoded())
             return True
         if socket_type in _LABEL_PROTOCOLS and magic in self._known_magics:
             self._streams[stream_id] = _Stream(_LABEL, _LABEL_PROTOCOLS[socket_type], SOCKET_TYPES[socket_type],
@@ -478,7 +617,7 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
             rank, size = _I32.unpack_from(prefix, 4)[0], _I32.unpack_from(prefix, 16)[0]
             if prefix[8:12] == _LEGACY_RANK_HEADER and 0 <= rank < MAX_RANK and 0 <= size <= MAX_BOOTSTRAP_BYTES:
                 self._streams[stream_id] = _Stream(_BOOT, "nccl_bootstrap", None, None, 0,
-                                                   bootstrap=_BootstrapConnection())
+                                                   bootstrap=BootstrapStream(), decoded=_Decoded())
                 return True
         if index > MAX_SOCKETS:
             return False
@@ -517,7 +656,13 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         self._deliver(stream_id, None, size, ts_ns)
 
     def receive_end(self, stream_id: int, ts_ns: int) -> None:
-        """Nothing to flush: messages cut short by the end stay incomplete."""
+        st = self._streams[stream_id]
+        st.ended = True
+        if st.kind == _BOOT:
+            st.bootstrap.receive_end(ts_ns)
+            st.decoded.take(st.bootstrap)
+        elif st.kind == _NET and st.connection.nsocks is not None and st.index <= st.connection.nsocks:
+            st.connection.end_socket(st.index, ts_ns)
 
     def _deliver(self, stream_id: int, view: memoryview | None, nbytes: int, ts_ns: int) -> None:
         st = self._streams[stream_id]
@@ -531,21 +676,27 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
         if not nbytes or st.kind == _LABEL:
             return
         if st.kind == _BOOT:
-            st.bootstrap.feed(view, nbytes, ts_ns)
+            if view is None:
+                st.bootstrap.receive_gap(nbytes, ts_ns)
+            else:
+                st.bootstrap.receive_data(view, ts_ns)
+            st.decoded.take(st.bootstrap)
             return
         conn = st.connection
         if conn.nsocks is None:        # the first payload byte: every socket of the connection has connected
             conn.seal(max(conn.members))
-        if st.index == conn.nsocks:
-            if view is None:
-                conn.control_gap(nbytes, ts_ns)
-            else:
-                conn.control(view, ts_ns)
-        elif st.index < conn.nsocks:
-            conn.data(st.index, view, nbytes, ts_ns)
+        conn.receive_socket(st.index, view, nbytes, ts_ns)
 
     # -- results -------------------------------------------------------------------------------------
     def end_of_capture(self) -> None:
+        for st in self._streams.values():
+            if st.kind == _BOOT and not st.ended:      # (the capture decoder ends every direction first)
+                st.bootstrap.receive_end(0)
+                st.decoded.take(st.bootstrap)
+        for conn in self._all_connections:
+            conn.end()
+            self._decoded[conn] = decoded = _Decoded()
+            decoded.take(conn)
         unproven = self._unproven()
         self._emit_rows(self._rows(unproven))
         self._emit(Count("nccl_unproven_streams", len(unproven)))
@@ -568,23 +719,23 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
 
         unproven: set[int] = set()
         for conn in self._all_connections:
-            model = conn.best()
-            whole = [m for m in model.messages if not m.pending_bytes and not m.missing_bytes and m.size_bytes] \
-                if model else []
+            decoded = self._decoded[conn]
+            whole = sum(1 for m in decoded.messages if m.complete and m.size_bytes)
             if not one_way(conn.members.values()) or not conn.handshake and not (
-                    model is not None and model.broken is None and len(whole) >= LEGACY_MIN_MESSAGES):
+                    decoded.failure is None and whole >= LEGACY_MIN_MESSAGES):
                 unproven.update(conn.members.values())
         opened: dict[int, set] = collections.defaultdict(set)          # magic -> connections it opened
         for stream_id, st in self._streams.items():
-            if st.kind == _BOOT and st.magic is not None and one_way([stream_id]) and st.bootstrap.broken is None:
+            if st.kind == _BOOT and st.magic is not None and one_way([stream_id]) and st.decoded.failure is None:
                 opened[st.magic].add(frozenset(((st.key[0], st.key[1]), (st.key[2], st.key[3]))))
         magics = {NCCL_COMM_ID_MAGIC} | {magic for magic, connections in opened.items() if len(connections) >= 2}
         for stream_id, st in self._streams.items():
             if st.kind == _BOOT and st.magic is None:
-                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.bootstrap.records and all(
-                    not r.pending_bytes and not r.missing_bytes for r in st.bootstrap.records)
+                decoded = st.decoded
+                proven = one_way([stream_id]) and decoded.failure is None and (
+                    decoded.peer is not None or decoded.messages) and all(m.complete for m in decoded.messages)
             elif st.kind == _BOOT:
-                proven = one_way([stream_id]) and st.bootstrap.broken is None and st.magic in magics
+                proven = one_way([stream_id]) and st.decoded.failure is None and st.magic in magics
             else:
                 proven = st.kind != _LABEL or st.magic is None or st.magic in magics
             if not proven:
@@ -603,38 +754,31 @@ class NcclSocketCaptureDecoder(ProtocolDecoderBase):
             streams[stream_id] = {"protocol": st.protocol, "nccl_socket_type": st.socket_type,
                                   "nccl_magic": None if st.magic is None else f"{st.magic:#018x}"}
             if st.kind == _BOOT:
-                rank, tag, records = st.bootstrap.messages()
-                streams[stream_id]["decode_error"] = st.bootstrap.broken
+                peer = st.decoded.peer
+                rank, tag = (None, None) if peer is None else (peer.rank, peer.tag)
+                streams[stream_id]["decode_error"] = st.decoded.decode_error
                 messages.extend({"protocol": "nccl_bootstrap", "stream_id": stream_id,
-                                 "ts_first_ns": r.ts_first_ns, "ts_last_ns": r.ts_last_ns,
-                                 "size_bytes": r.size_bytes, "complete": not r.pending_bytes and not r.missing_bytes,
-                                 "peer_rank": rank, "tag": tag} for r in records)
+                                 "ts_first_ns": m.ts_first_ns, "ts_last_ns": m.ts_last_ns,
+                                 "size_bytes": m.size_bytes, "complete": m.complete,
+                                 "peer_rank": rank, "tag": tag} for m in st.decoded.messages)
         for conn in self._all_connections:
             if unproven.issuperset(conn.members.values()):
                 continue
-            model = conn.best()
+            decoded = self._decoded[conn]
             control_stream = conn.members.get(conn.nsocks)
-            inline_era = None
-            if model is not None and len(conn.models) > 1 and model.disagreement_bytes() < min(
-                    m.disagreement_bytes() for m in conn.models if m is not model):
-                inline_era = model.inline_max_bytes == INLINE_MAX_BYTES
             for index, stream_id in conn.members.items():
                 if stream_id in streams:
                     streams[stream_id].update({
                         "nccl_socket_index": index, "nccl_nsocks": conn.nsocks,
-                        "nccl_control_stream_id": control_stream, "nccl_inline": inline_era,
-                        "decode_error": model.broken if model is not None and index == conn.nsocks else None})
-            if model is None or control_stream is None:
+                        "nccl_control_stream_id": control_stream, "nccl_inline": decoded.inline_era,
+                        "decode_error": decoded.decode_error if index == conn.nsocks else None})
+            if control_stream is None:
                 continue
-            for msg in model.messages:
-                proto = line_protocol(bytes(msg.sample), msg.size_bytes)
-                data_bytes = protocol_payload_bytes(proto, msg.size_bytes)
-                messages.append({"protocol": "nccl_socket", "stream_id": control_stream,
-                                 "ts_first_ns": msg.ts_first_ns, "ts_last_ns": msg.ts_last_ns,
-                                 "size_bytes": msg.size_bytes,
-                                 "complete": not msg.pending_bytes and not msg.missing_bytes,
-                                 "nccl_seq": msg.seq, "nccl_inline": msg.inline, "nccl_tasks": msg.tasks,
-                                 "nccl_proto": proto, "payload_bytes": data_bytes, "head_crc32": msg.head_crc32})
+            messages.extend({"protocol": "nccl_socket", "stream_id": control_stream,
+                             "ts_first_ns": m.ts_first_ns, "ts_last_ns": m.ts_last_ns, "size_bytes": m.size_bytes,
+                             "complete": m.complete, "nccl_seq": m.seq, "nccl_inline": m.inline,
+                             "nccl_tasks": m.tasks, "nccl_proto": m.proto, "payload_bytes": m.payload_bytes,
+                             "head_crc32": m.head_crc32} for m in decoded.messages)
         return CaptureRows(messages=messages, streams=streams)
 
 

@@ -15,20 +15,10 @@ packet-infiniband.c and Linux rxe; NCCL src/transport/net_ib read at the v2.12.1
   request consumes one PSN per response packet, which come back carrying the request's PSNs. The responder
   acknowledges with ACK packets whose AETH syndrome says ACK (0x00), RNR NAK (0x20) or NAK (0x60 | code).
   CNP (opcode 0x81) is the congestion notification of RoCEv2 congestion control (DCQCN).
-- NCCL (net_ib): for each receive, the receiver RDMA-WRITEs (WRITE_ONLY, no immediate) n = nreqs
-  `ncclIbSendFifo` entries into the sender's CTS FIFO: 32-byte entries up to 2.19 {u64 addr, i32 size,
-  u32 rkey, u32 nreqs, u32 tag, u64 idx}; 64-byte entries since 2.20 (merged NICs): 2 rkeys and an i32
-  size (2.20-2.23), 4 rkeys and a u64 size (2.24-2.29), 8 rkeys (2.30+). tag is the sending rank, idx
-  the FIFO counter (from 1); entry n of a receive lands at the FIFO address + (slot * 8 + n) * entry
-  size, slot = (idx - 1) mod 256 in 2.20 (NCCL_NET_MAX_REQUESTS * NCCL_NET_IB_MAX_RECVS).
-  The sender then WRITEs the data to addr with one of the rkeys; the last write carries an immediate:
-  the byte count as the host stores it (net_ib ncclIbMultiSend assigns the size to imm_data without
-  htonl, so on little-endian hosts the ImmDt bytes are little-endian: a 1-byte write carries 01 00 00 00,
-  seen on real 2.20.5 captures). An empty send is a 0-byte WRITE_WITH_IMM. Multi-receive (nreqs > 1): plain
-  WRITEs, then a WRITE_WITH_IMM of nreqs little-endian i32 sizes. With adaptive routing the data is a plain
-  WRITE followed by a 0-byte WRITE_WITH_IMM. Per connection NCCL sets up its QPs over a TCP connection
-  (handshake magic + type 4) on which both sides send their connection metadata: QP numbers, GIDs, the CTS
-  FIFO address and rkey. Its layout changes between versions, so this decoder only looks values up in it.
+- NCCL (net_ib): its CTS FIFO entries and write immediates are read by decoders.protocols.roce.nccl_ib. Per
+  connection NCCL sets up its QPs over a TCP connection (handshake magic + type 4) on which both sides send
+  their connection metadata: QP numbers, GIDs, the CTS FIFO address and rkey. Its layout changes between
+  versions, so this decoder only looks values up in it.
 
 Streams are (source, destination, destination QP). Retransmission = a request PSN at or behind the highest
 seen (go-back-N resends from the lost PSN); capture loss = PSNs never seen.
@@ -47,6 +37,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 
 from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE_IPV6, LINKTYPE_LINUX_SLL,
@@ -54,6 +45,8 @@ from dlcsniff.decoders.packet import (LINKTYPE_ETHERNET, LINKTYPE_IPV4, LINKTYPE
 from dlcsniff.decoders.protocols.base import CaptureRows, Count, LossCounter, ProtocolDecoderBase, TcpDirection
 from dlcsniff.decoders.protocols.nccl_socket.decoder import (HANDSHAKE, HEAD_DIGEST_BYTES, NCCL_SOCKET_MAGIC,
                                                              SAMPLE_BYTES, line_protocol)
+from dlcsniff.decoders.protocols.roce.nccl_ib import CtsEntry, nccl_imm_bytes, parse_cts
+from dlcsniff.decoders.sansio import NEED_DATA, Sentinel
 
 ROCE_V2_UDP_PORT = 4791
 ETHERTYPE_ROCE_V1 = 0x8915
@@ -295,80 +288,12 @@ def unverified_warning(capture: str, counts: dict[str, int]) -> str | None:
             "consistent (streams.icrc_verified = false)")
 
 
-def nccl_imm_bytes(imm: int) -> int:
-    """NCCL's byte count from an ImmDt read big-endian: NCCL stores it in host order (little-endian hosts)."""
-    return int.from_bytes(imm.to_bytes(4, "big"), "little")
-
-
-# -- NCCL's CTS FIFO entries -----------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class CtsEntry:
-    """One ncclIbSendFifo entry: a receive buffer the receiver offers to the sending rank."""
-    addr: int
-    size: int
-    rkeys: tuple[int, ...]
-    nreqs: int
-    tag: int                     # the sending rank
-    idx: int                     # FIFO counter, from 1
-    matched_bytes: int = 0       # data written into it so far
-    send_bytes: int | None = None   # what the sender says it sent (immediate or size array)
-    closed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _CtsLayout:
-    """Where an ncclIbSendFifo entry's fields sit. NCCL allocates its FIFO zero-filled, so every byte no field
-    covers (alignment, padding) is 0: with the nreqs / idx checks this tells the layouts apart."""
-    entry_bytes: int
-    size: struct.Struct          # at offset 8
-    rkeys: struct.Struct
-    rkeys_at: int
-    nreqs_at: int                # u32 nreqs, u32 tag
-    idx_at: int                  # u64
-
-
-_CTS_LAYOUTS = [
-    _CtsLayout(64, struct.Struct("<Q"), struct.Struct("<8I"), 16, 48, 56),   # 2.30+
-    _CtsLayout(64, struct.Struct("<Q"), struct.Struct("<4I"), 16, 32, 40),   # 2.24-2.29
-    _CtsLayout(64, struct.Struct("<i"), struct.Struct("<2I"), 12, 20, 32),   # 2.20-2.23 (seen on 2.20.5)
-    _CtsLayout(32, struct.Struct("<i"), struct.Struct("<I"), 12, 16, 24),    # up to 2.19
-]
-_U64_LE = struct.Struct("<Q")
-_TWO_U32_LE = struct.Struct("<II")
-MAX_CTS_ENTRIES = 8              # NCCL_NET_IB_MAX_RECVS
-_MAX_RANK = 1 << 24
-_MAX_FIFO_IDX = 1 << 40          # a FIFO counter (one per receive) never gets near this
-
-
-def parse_cts(payload: bytes) -> list[CtsEntry] | None:
-    """The entries of a CTS write, or None if the payload is not one in any known layout."""
-    for layout in _CTS_LAYOUTS:
-        n, rest = divmod(len(payload), layout.entry_bytes)
-        if rest or not 1 <= n <= MAX_CTS_ENTRIES:
-            continue
-        entries = []
-        for base in range(0, len(payload), layout.entry_bytes):
-            addr = _U64_LE.unpack_from(payload, base)[0]
-            size = layout.size.unpack_from(payload, base + 8)[0]
-            rkeys = layout.rkeys.unpack_from(payload, base + layout.rkeys_at)
-            nreqs, tag = _TWO_U32_LE.unpack_from(payload, base + layout.nreqs_at)
-            idx = _U64_LE.unpack_from(payload, base + layout.idx_at)[0]
-            unused = (payload[base + layout.nreqs_at + 8:base + layout.idx_at]
-                      + payload[base + layout.idx_at + 8:base + layout.entry_bytes])
-            if (nreqs != n or not addr or not rkeys[0] or not 1 <= idx < _MAX_FIFO_IDX or not 0 <= size < 1 << 40
-                    or tag >= _MAX_RANK or any(unused)):
-                break
-            entries.append(CtsEntry(addr, size, tuple(k for k in rkeys if k), nreqs, tag, idx))
-        else:
-            if len({e.idx for e in entries}) == 1:
-                return entries
-    return None
-
-
 # -- messages and queue pairs --------------------------------------------------------------------------
 
-class _RdmaMessage:
+class RdmaMessage:
+    """One RDMA message of a queue pair (SEND, WRITE, READ, ATOMIC), the event `_QueuePair.next_event` hands back
+    once the queue pair has assembled it. The capture decoder adds what other streams say to it: a READ's
+    responses (they come the other way) and the NCCL roles of the capture's writes."""
     __slots__ = ("kind", "psn", "ts_first_ns", "ts_last_ns", "payload_bytes", "packets", "missing_packets",
                  "has_first", "has_last", "va", "rkey", "dma_length", "imm", "content", "response_psns",
                  "span", "nccl_role", "nccl_tag", "nccl_fifo_idx", "nccl_nreqs", "nccl_bytes", "nccl_sizes",
@@ -409,8 +334,23 @@ class _RdmaMessage:
         self.ts_last_ns = max(self.ts_last_ns, pkt.ts_ns)
 
 
+@dataclass(frozen=True, slots=True)
+class ReadResponse:
+    """A READ response packet: the READ it answers was requested on the stream the other way, which the capture
+    decoder matches it to (`RoceCaptureDecoder._read_response`)."""
+    packet: RocePacket
+
+
 class _QueuePair:
-    """One stream: the packets from `src` to `dst` for destination QP `dest_qp`, and their messages."""
+    """A stream decoder for one stream: the packets from `src` to `dst` for destination QP `dest_qp`.
+
+    A queue pair is a packet sequence, not bytes, so the one shape of decoders.sansio takes packets as its data
+    unit: `receive_data(packet, ts_ns)` for each parsed RocePacket of the stream, `receive_gap` when the capture
+    reports packets lost (their PSNs say which), `receive_end(ts_ns)` at the end of the capture, and
+    `next_event()`: `RdmaMessage` as each message is assembled in PSN order, `ReadResponse` for the capture
+    decoder to match, then NEED_DATA. Its counters (packets, ICRCs, CNPs, ACKs, retransmissions) and the
+    evidence that it is RoCE at all (module doc) are its state.
+    """
 
     def __init__(self, index: int, pkt: RocePacket):
         self.index = index
@@ -429,9 +369,9 @@ class _QueuePair:
         self.highest_psn: int | None = None
         self.read_reserve_end: int | None = None   # after a READ of unknown span: PSNs it may have taken
         self.pending: dict[int, RocePacket] = {}    # request packets beyond a PSN hole
-        self.current: _RdmaMessage | None = None
-        self.messages: list[_RdmaMessage] = []
-        self.reads: list[_RdmaMessage] = []       # READ requests whose responses may still come
+        self.current: RdmaMessage | None = None
+        self.reads: list[RdmaMessage] = []       # READ requests whose responses may still come
+        self._events: deque[RdmaMessage | ReadResponse] = deque()
         self.peer: _QueuePair | None = None       # the stream the other way on the same QP pair, when known
         self.src_rank = self.dst_rank = self.nccl_direction = self.nccl_setup_stream_id = None
         # the evidence it is RoCE (module doc)
@@ -445,7 +385,43 @@ class _QueuePair:
         self.consecutive_psns = 0        # request packets whose PSN follows the previous request's
         self.answer_psns: list[int] = []      # PSNs of its first ACK / READ response / atomic ACK packets
 
-    def count(self, pkt: RocePacket) -> None:
+    # -- the stream decoder's shape ---------------------------------------------------------------------
+    def receive_data(self, packet: RocePacket, ts_ns: int) -> None:
+        """One packet of the stream (`ts_ns` is its capture time, `packet.ts_ns`)."""
+        self._count(packet)
+        if not self._reads_icrc(packet):
+            return
+        kind = packet.opcode.kind
+        if kind in _REQUEST_KINDS:
+            self._request(packet)
+        elif kind == "READ_RESPONSE":
+            self._events.append(ReadResponse(packet))
+        elif kind == "CNP":
+            self.cnp += 1
+            self.cnp_times_ns.append(ts_ns)
+        else:                                        # ACK, ATOMIC_ACK
+            syndrome_type = packet.syndrome & _AETH_TYPE_MASK
+            if syndrome_type == AETH_ACK:
+                self.acks += 1
+            elif syndrome_type in (AETH_NAK, AETH_RNR_NAK):
+                self.naks += 1
+                self.nak_times_ns.append(ts_ns)
+
+    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+        """The capture reports `size` packets lost: which ones the PSNs say, so the holes before the packets
+        held now are lost at once instead of waited for."""
+        self._advance(flush=True)
+
+    def receive_end(self, ts_ns: int) -> None:
+        """The capture is over: the holes still open are lost, the message under way ends incomplete."""
+        self._advance(flush=True)
+        self._close_current()
+
+    def next_event(self) -> RdmaMessage | ReadResponse | Sentinel:
+        return self._events.popleft() if self._events else NEED_DATA
+
+    # -- counters and evidence -------------------------------------------------------------------------
+    def _count(self, pkt: RocePacket) -> None:
         self.packets += 1
         self.bytes += pkt.payload_bytes
         self.last_ts_ns = max(self.last_ts_ns, pkt.ts_ns)
@@ -482,7 +458,7 @@ class _QueuePair:
         elif op.kind in _RESPONSE_KINDS and len(self.answer_psns) < MAX_ANSWER_PSNS:
             self.answer_psns.append(pkt.psn)
 
-    def reads_icrc(self, pkt: RocePacket) -> bool:
+    def _reads_icrc(self, pkt: RocePacket) -> bool:
         """Whether to read the packet as its receiver would: not when its ICRC failed on a stream whose ICRCs
         prove something (its first one verified, or one has since). A stream whose first ICRC failed reads every
         packet until one verifies."""
@@ -497,18 +473,13 @@ class _QueuePair:
         used = requests.expected_psn - requests.first_request_psn
         return any((psn - requests.first_request_psn) & (PSN_MODULUS - 1) < used for psn in self.answer_psns)
 
-    def writes_fit_their_reth(self) -> bool:
-        """Every whole RDMA WRITE carried the length its RETH announced."""
-        return all(msg.payload_bytes == msg.dma_length for msg in self.messages
-                   if msg.kind == "WRITE" and msg.complete and msg.dma_length is not None)
-
     def learn_path_mtu(self, payload_bytes: int) -> None:
         """FIRST and MIDDLE packets carry exactly one path MTU of payload."""
         if self.path_mtu is None and payload_bytes >= MIN_PATH_MTU:
             self.path_mtu = payload_bytes
 
     # -- requests in PSN order -----------------------------------------------------------------------
-    def request(self, pkt: RocePacket) -> None:
+    def _request(self, pkt: RocePacket) -> None:
         if self.expected_psn is None:
             self.expected_psn = pkt.psn
             self.highest_psn = pkt.psn - 1
@@ -522,9 +493,9 @@ class _QueuePair:
         if psn < self.expected_psn or psn in self.pending:
             return
         self.pending[psn] = pkt
-        self.advance(flush=False)
+        self._advance(flush=False)
 
-    def advance(self, flush: bool) -> None:
+    def _advance(self, flush: bool) -> None:
         """Assemble the pending packets that continue the PSN sequence; with `flush` (or too many waiting)
         the holes before them are lost to the capture."""
         pending = self.pending
@@ -554,14 +525,15 @@ class _QueuePair:
         self.expected_psn = psn + 1
         self.read_reserve_end = None
         if op.kind == "ATOMIC":             # one packet, its operands in the header: a message of its own
-            self.current = None
+            self._close_current()
             msg = self._start("ATOMIC", pkt)
             msg.va, msg.rkey, msg.dma_length = pkt.reth
             msg.has_first = msg.has_last = True
             msg.add(pkt)
+            self._events.append(msg)
             return
-        if op.kind == "READ_REQUEST":
-            self.current = None
+        if op.kind == "READ_REQUEST":       # a message of its own too, whose responses come the other way
+            self._close_current()
             msg = self._start("READ", pkt)
             msg.va, msg.rkey, msg.dma_length = pkt.reth
             msg.has_first = True
@@ -574,11 +546,14 @@ class _QueuePair:
                 self.read_reserve_end = psn + responses - 1
             self.reads.append(msg)
             del self.reads[:-MAX_TRACKED_READS]
+            self._events.append(msg)
             return
         cur = self.current
         if cur is not None and op.position not in _STARTS and cur.missing_packets and self._ended_in_hole(cur):
-            cur = self.current = None
+            self._close_current()
+            cur = None
         if op.position in _STARTS:
+            self._close_current()
             cur = self.current = self._start(op.kind, pkt)
             cur.has_first = True
             if pkt.reth is not None:
@@ -590,6 +565,7 @@ class _QueuePair:
                 cur.line_protocol = line_protocol(bytes(pkt.head[:SAMPLE_BYTES]),
                                                   pkt.reth[2] if pkt.reth is not None else pkt.payload_bytes)
         elif cur is None or cur.kind != op.kind:
+            self._close_current()
             cur = self.current = self._start(op.kind, pkt)      # its first packets were never seen
         cur.add(pkt)
         if op.position in (FIRST, MIDDLE):
@@ -598,19 +574,24 @@ class _QueuePair:
             cur.imm = pkt.imm
         if op.position in _ENDS:
             cur.has_last = True
+            self._close_current()
+
+    def _close_current(self) -> None:
+        """The message under way is done (its last packet came, or another message began): its event."""
+        if self.current is not None:
+            self._events.append(self.current)
             self.current = None
 
-    def _ended_in_hole(self, msg: _RdmaMessage) -> bool:
+    def _ended_in_hole(self, msg: RdmaMessage) -> bool:
         """Whether the packets lost inside `msg` must have held its end (its RETH length is reached)."""
         return (msg.dma_length is not None and self.path_mtu is not None
                 and msg.payload_bytes + msg.missing_packets * self.path_mtu >= msg.dma_length)
 
-    def _start(self, kind: str, pkt: RocePacket) -> _RdmaMessage:
-        msg = _RdmaMessage(kind, pkt.psn, pkt.ts_ns)
-        self.messages.append(msg)
-        return msg
+    @staticmethod
+    def _start(kind: str, pkt: RocePacket) -> RdmaMessage:
+        return RdmaMessage(kind, pkt.psn, pkt.ts_ns)
 
-    def find_read(self, psn: int) -> _RdmaMessage | None:
+    def find_read(self, psn: int) -> RdmaMessage | None:
         """The READ request (on this stream) whose response PSNs include `psn`."""
         for msg in self.reads:
             if (psn - msg.psn) & (PSN_MODULUS - 1) < msg.span:
@@ -619,6 +600,12 @@ class _QueuePair:
 
 
 # -- the capture-level decoder ---------------------------------------------------------------------------
+
+def _writes_fit_their_reth(messages: list[RdmaMessage]) -> bool:
+    """Every whole RDMA WRITE carried the length its RETH announced."""
+    return all(msg.payload_bytes == msg.dma_length for msg in messages
+               if msg.kind == "WRITE" and msg.complete and msg.dma_length is not None)
+
 
 def _gid(address: bytes) -> bytes:
     """The RoCE GID of an IP address: IPv4 addresses are IPv4-mapped IPv6 GIDs."""
@@ -637,6 +624,9 @@ class _SetupConnection:
 class RoceCaptureDecoder(ProtocolDecoderBase):
     """RoCE packets of one capture (`receive_packet`), plus NCCL's IB set-up TCP connections (claimed).
 
+    Each stream's packets go to its `_QueuePair` stream decoder; the messages it hands back are matched across
+    streams here (READ responses, NCCL's CTS entries and the writes that fill them, set-up connections).
+
     Rows at the end of the capture: one message row per RDMA message (SEND, WRITE, READ, ATOMIC; NCCL roles
     annotated), one extra stream row per (source, destination, destination QP); messages name theirs by
     "extra_stream" (the row's index in `extra_streams`).
@@ -649,6 +639,7 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         super().__init__()
         self._qps: dict[tuple[bytes, bytes, int], _QueuePair] = {}
         self._by_hosts: dict[tuple[bytes, bytes], list[_QueuePair]] = {}
+        self._messages: dict[_QueuePair, list[RdmaMessage]] = {}     # each stream's messages, from its events
         self._setups: dict[int, _SetupConnection] = {}          # TCP stream id -> its set-up connection
         self._setup_keys: dict[tuple, _SetupConnection] = {}    # connector TCP key -> set-up connection
 
@@ -662,25 +653,17 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         if qp is None:
             qp = self._qps[key] = _QueuePair(len(self._qps), pkt)
             self._by_hosts.setdefault((pkt.src, pkt.dst), []).append(qp)
-        qp.count(pkt)
-        if not qp.reads_icrc(pkt):
-            return True
-        kind = pkt.opcode.kind
-        if kind in _REQUEST_KINDS:
-            qp.request(pkt)
-        elif kind == "READ_RESPONSE":
-            self._read_response(qp, pkt)
-        elif kind == "CNP":
-            qp.cnp += 1
-            qp.cnp_times_ns.append(pkt.ts_ns)
-        else:                                        # ACK, ATOMIC_ACK
-            syndrome_type = pkt.syndrome & _AETH_TYPE_MASK
-            if syndrome_type == AETH_ACK:
-                qp.acks += 1
-            elif syndrome_type in (AETH_NAK, AETH_RNR_NAK):
-                qp.naks += 1
-                qp.nak_times_ns.append(pkt.ts_ns)
+            self._messages[qp] = []
+        qp.receive_data(pkt, pkt.ts_ns)
+        self._take_events(qp)
         return True
+
+    def _take_events(self, qp: _QueuePair) -> None:
+        while (event := qp.next_event()) is not NEED_DATA:
+            if event.__class__ is ReadResponse:
+                self._read_response(qp, event.packet)
+            else:
+                self._messages[qp].append(event)
 
     def _read_response(self, qp: _QueuePair, pkt: RocePacket) -> None:
         read = None
@@ -746,7 +729,8 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
     def _rows(self) -> CaptureRows:
         qps = list(self._qps.values())
         for qp in qps:
-            qp.advance(flush=True)
+            qp.receive_end(qp.last_ts_ns)
+            self._take_events(qp)
         claimed = self._claimed(qps)
         # A stream that shows no RoCE: its datagrams are counted as unclaimed, not claimed as a queue pair.
         unproven = [qp for qp in qps if qp not in claimed]
@@ -767,13 +751,14 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
         self._nccl_connections(qps)
         streams = {stream_id: {"protocol": "nccl_ib_setup"} for stream_id in self._setups}
         extra = [self._stream_row(qp) for qp in qps]
-        messages = [self._message_row(qp, msg) for qp in qps for msg in qp.messages]
+        messages = [self._message_row(qp, msg) for qp in qps for msg in self._messages[qp]]
         return CaptureRows(messages=messages, streams=streams, extra_streams=extra)
 
     def _claimed(self, qps: list[_QueuePair]) -> set[_QueuePair]:
         """The streams that show RoCE: a verified ICRC, or else the transport's structure (module doc)."""
         claimed = {qp for qp in qps if qp.verified}
-        plausible = [qp for qp in qps if not qp.verified and not qp.malformed and qp.writes_fit_their_reth()]
+        plausible = [qp for qp in qps if not qp.verified and not qp.malformed
+                     and _writes_fit_their_reth(self._messages[qp])]
         claimed.update(qp for qp in plausible if qp.consecutive_psns)
         for responder in plausible:
             for requester in self._by_hosts.get((responder.dst, responder.src), ()):
@@ -781,10 +766,10 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
                     claimed.update((responder, requester))
         return claimed
 
-    @staticmethod
-    def _nccl_semantics(qps: list[_QueuePair]) -> None:
+    def _nccl_semantics(self, qps: list[_QueuePair]) -> None:
         """CTS writes, and each data write matched to the CTS entry whose buffer it fills (in time order)."""
-        writes = sorted(((msg.ts_first_ns, qp.index, i, qp, msg) for qp in qps for i, msg in enumerate(qp.messages)
+        writes = sorted(((msg.ts_first_ns, qp.index, i, qp, msg) for qp in qps
+                         for i, msg in enumerate(self._messages[qp])
                          if msg.kind == "WRITE"), key=lambda w: w[:3])
         fifos: dict[tuple[bytes, bytes], list[CtsEntry]] = {}      # (sender, receiver) -> open entries
         last_matched: dict[_QueuePair, list[CtsEntry]] = {}       # the CTS a QP last wrote data for
@@ -875,7 +860,7 @@ class RoceCaptureDecoder(ProtocolDecoderBase):
                 "retransmitted_times_ns": qp.retransmitted_times_ns}
 
     @staticmethod
-    def _message_row(qp: _QueuePair, msg: _RdmaMessage) -> dict:
+    def _message_row(qp: _QueuePair, msg: RdmaMessage) -> dict:
         op = msg.kind if msg.imm is None else msg.kind + "_IMM"
         return {"protocol": "roce", "extra_stream": qp.index, "src_ip": ip_to_str(qp.src),
                 "dst_ip": ip_to_str(qp.dst), "ts_first_ns": msg.ts_first_ns, "ts_last_ns": msg.ts_last_ns,
