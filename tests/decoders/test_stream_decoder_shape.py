@@ -16,6 +16,8 @@ import pytest
 
 from dlcsniff.decoders.formats import probe_events as ev
 from dlcsniff.decoders.protocols.gloo.wire import GlooMessage, GlooStreamDecoder, is_preamble
+from dlcsniff.decoders.protocols.nccl_socket.bootstrap import BootstrapStream
+from dlcsniff.decoders.protocols.nccl_socket.decoder import _ControlSocket, _DataSocket
 from dlcsniff.decoders.protocols.tcpstore.decoder import (VALIDATE_PREFIX, Query, RequestsEnded, StoreExchange,
                                                           StoreRequestDecoder, StoreResponseDecoder,
                                                           TcpStoreConnection)
@@ -25,7 +27,10 @@ from tests.conftest import PCAPS
 from tests.support.protocol_driver import drain
 from tests.support.real_streams import real_stream_chunks, reverse
 
-SHAPED = [ZmtpDecoder, GlooStreamDecoder, StoreRequestDecoder, StoreResponseDecoder]
+# (RoCE's queue pairs take packets, not bytes, in the same shape: tests/decoders/test_stream_shape_nccl_roce.py,
+# which also feeds the NCCL socket decoders their real directions.)
+SHAPED = [ZmtpDecoder, GlooStreamDecoder, StoreRequestDecoder, StoreResponseDecoder, BootstrapStream,
+          _ControlSocket, _DataSocket]
 METHODS = ("receive_data", "receive_gap", "receive_end", "next_event")
 
 

@@ -42,7 +42,7 @@ def test_the_four_methods_have_the_one_signature(cls, data_name):
     plain, empty = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty
     assert params("receive_data") == [("self", plain, empty), (data_name, plain, empty), ("ts_ns", plain, empty)]
     assert params("receive_gap") == [("self", plain, empty), ("size", plain, empty), ("ts_ns", plain, empty),
-                                     ("lost", plain, True)]
+                                     ("lost", inspect.Parameter.KEYWORD_ONLY, True)]
     assert params("receive_end") == [("self", plain, empty), ("ts_ns", plain, empty)]
     assert params("next_event") == [("self", plain, empty)]
     assert not [name for name in OLD_SHAPES if hasattr(cls, name)]

@@ -72,7 +72,7 @@ class BootstrapStream:
         view = memoryview(data)
         self._read(view, len(view), ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
         """Bytes the capture did not deliver (lost, or cut short: unknown either way)."""
         self._read(None, size, ts_ns)
 

@@ -218,7 +218,7 @@ class _ControlSocket:
         """Control-socket bytes (never while it waits on `assume_inline`: its reading of them depends on it)."""
         self._read(memoryview(data), ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
         """Bytes the capture did not deliver (lost, or cut short: unknown either way)."""
         self.offset += size
         msg = self.payload
@@ -307,7 +307,7 @@ class _DataSocket:
         view = memoryview(data)
         self._fill(view, len(view), ts_ns, False)
 
-    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
         """Bytes the capture did not deliver: their messages miss them (lost or cut short alike)."""
         self._fill(None, size, ts_ns, True)
 

@@ -407,7 +407,7 @@ class _QueuePair:
                 self.naks += 1
                 self.nak_times_ns.append(ts_ns)
 
-    def receive_gap(self, size: int, ts_ns: int, lost: bool = True) -> None:
+    def receive_gap(self, size: int, ts_ns: int, *, lost: bool = True) -> None:
         """The capture reports `size` packets lost: which ones the PSNs say, so the holes before the packets
         held now are lost at once instead of waited for."""
         self._advance(flush=True)
