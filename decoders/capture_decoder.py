@@ -73,8 +73,8 @@ class _Direction:
 class CaptureResult:
     """One capture decoded on its own: column lists per table, still without job-wide resolution.
 
-    tables: streams, zmtp, messages, collectives, and the protocols' capture-level tables (pslite_nodes,
-    pslite_announced); counts: the protocols' counters (undecoded_messages...); unclaimed_udp: datagrams no
+    tables: streams, zmtp, messages, and the protocols' capture-level tables (pslite_nodes, pslite_announced,
+    gloo_sequence_space); counts: the protocols' counters (undecoded_messages...); unclaimed_udp: datagrams no
     protocol took, by service port; unclaimed_packets: packets neither TCP nor UDP that no protocol took."""
     capture: str
     path: str

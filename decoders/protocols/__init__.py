@@ -75,10 +75,12 @@ class JobEntry:
         return [importlib.import_module(f"{__name__}.{module}") for module in self.modules]
 
 
-# In the order they run: ps-lite names the nodes before anything reads them; NCCL stands on RoCE's and the
-# socket transport's sends and reads TCPStore's ranks.
+# In the order they run: ps-lite names the nodes before anything reads them; the collectives are built by the
+# collective libraries' steps, Gloo's (from each capture's messages and sequence spaces) then NCCL's (standing
+# on RoCE's and the socket transport's sends, reading TCPStore's ranks), in the table in that order.
 JOB_STEPS: tuple[JobEntry, ...] = (
     JobEntry("pslite", ("pslite.job", "pslite.vantage"), reads=("pslite",)),
+    JobEntry("gloo", ("gloo.job",), reads=("gloo",)),
     JobEntry("nccl", ("nccl.collectives",), reads=("roce", "nccl_socket", "tcpstore")),
     JobEntry("zmtp", ("zmtp.summary",), reads=("pslite", "zmtp")),
     JobEntry("roce", ("roce.summary",), reads=("roce",)),

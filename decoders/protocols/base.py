@@ -63,8 +63,8 @@ class TcpDirection:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One row of a decode table: messages, zmtp, collectives, or a capture-level table of the protocol's own
-    (ps-lite's node lists) that job-wide resolution reads."""
+    """One row of a decode table: messages, zmtp, or a capture-level table of the protocol's own (ps-lite's node
+    lists, Gloo's sequence spaces) that its job step reads."""
     table: str
     values: dict
 
@@ -169,8 +169,9 @@ class ProtocolDecoderBase:
             self._emit(StreamColumns(stream_id, values))
         for values in rows.messages:
             self._emit(Row("messages", values))
-        for values in rows.collectives:
-            self._emit(Row("collectives", values))
+        for table, table_rows in rows.tables.items():
+            for values in table_rows:
+                self._emit(Row(table, values))
 
 
 @dataclass(slots=True)
@@ -182,12 +183,12 @@ class CaptureRows:
         its stream by "extra_stream".
     streams: stream_id -> columns that extend or override that TCP direction's streams.parquet row.
     extra_streams: streams.parquet rows that are not TCP directions.
-    collectives: rows for collectives.parquet.
+    tables: rows of the protocol's own capture tables, by name, for its job step (JobColumns.capture_table).
     """
     messages: list[dict] = field(default_factory=list)
     streams: dict[int, dict] = field(default_factory=dict)
     extra_streams: list[dict] = field(default_factory=list)
-    collectives: list[dict] = field(default_factory=list)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def frame_rows(frame: pd.DataFrame) -> list[dict]:

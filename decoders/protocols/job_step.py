@@ -1,8 +1,9 @@
 """The job-wide API: what a protocol (or a layer under one) does once every capture of the job is decoded, named
 by its `JobEntry` in decoders.protocols.JOB_STEPS. Its module offers any of:
 
-    resolve_job(job: JobColumns)          what only the whole job reveals (ps-lite's node ids and tensors, NCCL's
-                                          collectives), on the job's column lists, in place
+    resolve_job(job: JobColumns)          what only the whole job reveals (ps-lite's node ids and tensors, the
+                                          collectives of Gloo and NCCL: built here only), on the job's column
+                                          lists, in place
     summary(streams, tables) -> dict      the protocol's counters in the decode summary (keys of its own), from
                                           the job's streams (a DataFrame) and tables (pyarrow, by name)
     event_summary(events) -> dict         its counters of the job's messages, each once (events.parquet)
@@ -43,7 +44,7 @@ class JobColumns:
     streams, messages: the captures' streams and messages, concatenated (every column of decoders.schema).
     capture_table: a capture-level table of a protocol's own (ps-lite's node lists), concatenated over captures.
     tables: the decode tables a step builds whole (ps-lite's nodes), by name.
-    collectives: collectives columns a step builds, written after the captures' own rows, in step order.
+    collectives: the collectives table's columns, as each step builds its own, in step order.
     summary: what a step says in the decode summary."""
     streams: dict[str, list]
     messages: dict[str, list]

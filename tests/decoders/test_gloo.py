@@ -30,7 +30,7 @@ from dlcsniff.decoders.sansio import Resync
 from dlcsniff.decoders.packet import ip_to_str
 from dlcsniff.decoders.protocols.base import TcpDirection
 from tests.conftest import PCAPS
-from tests.support.protocol_driver import drain, rows_of, run_decoder
+from tests.support.protocol_driver import drain, gloo_collectives, rows_of, run_decoder
 from tests.support.real_streams import real_stream_bytes
 
 JOB = PCAPS / "gloo"
@@ -226,7 +226,7 @@ def decoded():
     out = {}
     for rank in RANKS:
         rows, keys = run_decoder(JOB / f"rank{rank}.pcap.gz", GlooCaptureDecoder())
-        out[rank] = (pd.DataFrame(rows.messages), pd.DataFrame(rows.collectives),
+        out[rank] = (pd.DataFrame(rows.messages), gloo_collectives(rows),
                      pd.DataFrame.from_dict(rows.streams, orient="index"), keys)
     return out
 
@@ -597,7 +597,7 @@ def test_lossy_captures_show_every_operation_with_its_size(records, tmp_path):
                              lambda _, buf: not (carries_tcp_data(buf) and rng.random() < 0.10))
         assert dropped > 1000
         rows, _ = run_decoder(lossy, GlooCaptureDecoder())
-        collectives = pd.DataFrame(rows.collectives)
+        collectives = gloo_collectives(rows)
         streams = pd.DataFrame.from_dict(rows.streams, orient="index")
         gloo = streams[streams["protocol"] == "gloo"]
         assert gloo["resyncs"].sum() > 0 and gloo["lost_bytes"].sum() > 0, "the damage hit no preamble"
@@ -617,7 +617,7 @@ def test_capture_started_mid_job_finds_the_later_operations(records, tmp_path):
         cut = tmp_path / f"rank{rank}.pcap"
         _, times = rewrite(JOB / f"rank{rank}.pcap.gz", cut, lambda index, _: index >= 12_000)
         rows, _ = run_decoder(cut, GlooCaptureDecoder())
-        collectives = pd.DataFrame(rows.collectives)
+        collectives = gloo_collectives(rows)
         assert collectives["local_rank"].isna().all() and (collectives["world_size"] == 4).all()
         cut_ns = int(times[12_000] * 1e9)
         for operation, work, tag in recorded_collective_works(records[rank]):

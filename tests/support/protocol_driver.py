@@ -27,8 +27,8 @@ def rows_of(decoder) -> CaptureRows:
     for event in drain(decoder):
         if event.__class__ is Row and event.table == "messages":
             rows.messages.append(event.values)
-        elif event.__class__ is Row and event.table == "collectives":
-            rows.collectives.append(event.values)
+        elif event.__class__ is Row:
+            rows.tables.setdefault(event.table, []).append(event.values)
         elif event.__class__ is StreamColumns:
             rows.streams.setdefault(event.stream_id, {}).update(event.values)
         elif event.__class__ is ExtraStream:
@@ -55,3 +55,13 @@ def run_decoders(path: str | Path, decoders: list, *, batched: bool = True) -> t
 def run_decoder(path: str | Path, decoder) -> tuple[CaptureRows, dict[int, tuple]]:
     rows, keys = run_decoders(path, [decoder])
     return rows[0], keys
+
+
+def gloo_collectives(rows: CaptureRows):
+    """The Gloo collectives the job step builds from one capture's rows (decoders.protocols.gloo.job): its Gloo
+    messages and its directions' sequence spaces, as a DataFrame."""
+    import pandas as pd
+
+    from dlcsniff.decoders.protocols.gloo.job import SEQUENCE_SPACE, capture_collectives
+    messages = pd.DataFrame([row for row in rows.messages if row.get("protocol") == "gloo"])
+    return capture_collectives(messages, rows.tables.get(SEQUENCE_SPACE, []))

@@ -22,8 +22,8 @@ ring all-gather move (k-1)/k of the whole (per-rank input, resp. gathered output
 message is the tensor; reduce, gather and scatter end with one chunk of N/k per rank (the largest
 message); send/recv carry N. Sizes follow nccl-tests: all_gather and gather count the gathered output,
 scatter the scattered input, all_to_all one rank's input. These volume estimates assume every message was
-captured and chunks of equal size; Gloo's capture decoder replaces them with the tensor its algorithm
-model fits to what the messages state and the TCP sequence space counts (decoders.protocols.gloo.model).
+captured and chunks of equal size; Gloo's job step (decoders.protocols.gloo.job) replaces them with the tensor
+its algorithm model fits to what the messages state and the TCP sequence space counts (decoders.protocols.gloo.model).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ and PyTorch's TCPStore rendezvous (decoders.protocols.tcpstore.decoder).
 
 `GlooCaptureDecoder` is the protocol decoder the capture decoder drives (decoders.protocols.base): it claims
 Gloo pairs and TCPStore connections, resolves ranks from the rendezvous at the end of the capture, and hands
-back message, stream and collective rows.
+back message and stream rows, and each direction's sequence space, from which the job step
+(decoders.protocols.gloo.job) builds the collectives.
 
 What a lossy capture keeps is enough:
 - Sizes: a collective's tensor is the one whose gloo schedule (decoders.protocols.gloo.model) agrees with every
@@ -22,11 +23,11 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from dlcsniff.decoders.protocols.gloo import model as gloo_model, sizes as gloo_sizes
+from dlcsniff.decoders.protocols.gloo import job as gloo_job, model as gloo_model
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.packet import ip_to_str
 from dlcsniff.decoders.protocols.tcpstore import decoder as tcpstore
-from dlcsniff.decoders.protocols.base import CaptureRows, LossCounter, ProtocolDecoderBase, TcpDirection, frame_rows
+from dlcsniff.decoders.protocols.base import CaptureRows, LossCounter, ProtocolDecoderBase, TcpDirection
 from dlcsniff.decoders.protocols.gloo.wire import (CONNECT_SEQUENCE, MAX_RANKS, MAX_SEQUENCE_NUMBER, P2P,
                                                    PREAMBLE_BYTES, GlooMessage, GlooStreamDecoder, Opcode, PairConnect,
                                                    RankRecord, could_be_sequence_or_preamble, is_preamble,
@@ -189,7 +190,7 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
         self._ranks_from_traffic(pairs, local_ip)
         local_rank, local_ip = self._local_node(pairs)
         rows = CaptureRows()
-        stream_views = []
+        spaces = rows.tables.setdefault(gloo_job.SEQUENCE_SPACE, [])
         for stream_id, stream in self._gloo.items():
             pair = pairs[_connection(stream.key)]
             src, dst = (stream.key[0], stream.key[1]), (stream.key[2], stream.key[3])
@@ -204,7 +205,7 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
                        "peer_rank": pair.ranks.get(peer), "peer_address": peer and _address(peer),
                        "world_size": self._world_size(pair.group, pairs), "pg": pair.group}
             rows.messages.extend(_message_row(stream_id, message, context) for message in stream.messages)
-            stream_views.append((context, _sequence_space(stream)))
+            spaces.extend(_sequence_space_rows(stream_id, stream, context))
             decoder = stream.decoder
             rows.streams[stream_id] = {"protocol": "gloo", "gloo_role": stream.role.value,
                                        "pair_sequence": stream.sequence_number, "rank": src_rank,
@@ -214,14 +215,6 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             rows.streams[stream_id] = {"protocol": "tcpstore", "decode_error": connection.decoder.failed,
                                        # the connection's lost bytes, counted once, on the client's row
                                        "lost_bytes": connection.decoder.lost_bytes if is_client else None}
-        if rows.messages:
-            # pandas only where there is Gloo traffic: the decoders stay quick to import for the others
-            import pandas as pd
-
-            from dlcsniff.decoders.protocols.gloo.collectives import collectives_from_messages
-            messages = pd.DataFrame(rows.messages)
-            collectives = gloo_sizes.fitted(collectives_from_messages(messages), messages, stream_views)
-            rows.collectives = frame_rows(collectives)
         rows.messages.extend(self._store_rows)
         return rows
 
@@ -470,13 +463,13 @@ def _collective_key(slot: int) -> tuple[str, int] | None:
     return None if parsed.kind == P2P else (parsed.kind, parsed.tag)
 
 
-def _sequence_space(stream: _GlooStream) -> gloo_sizes.SequenceSpace:
-    messages = stream.messages
+def _sequence_space_rows(stream_id: int, stream: _GlooStream, context: dict) -> list[dict]:
+    """The direction's sequence space for the job step's sizes (decoders.protocols.gloo.job)."""
     start = CONNECT_SEQUENCE.size if stream.sequence_number is not None else 0
-    return gloo_sizes.SequenceSpace([_collective_key(message.preamble.slot) for message in messages],
-                                    [message.offset for message in messages],
-                                    [message.preamble.nbytes for message in messages], start,
-                                    stream.decoder.offset)
+    return gloo_job.sequence_space_rows(
+        stream_id, context, start, stream.decoder.offset,
+        [(_collective_key(message.preamble.slot), message.offset, message.preamble.nbytes)
+         for message in stream.messages])
 
 
 def _connection(key: StreamKey) -> tuple[Endpoint, Endpoint]:

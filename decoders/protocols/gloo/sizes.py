@@ -6,8 +6,9 @@ preamble) and with the bytes each of the capturing rank's TCP directions counts 
 The sequence space counts the bytes of segments the capture lost, so a lost segment widens a bound but never
 shrinks a size; captured payload bytes play no part.
 
-The capture-level Gloo decoder (decoders.protocols.gloo.decoder) builds one `SequenceSpace` per direction from its
-decoded messages and hands the collectives of decoders.protocols.gloo.collectives to `fitted`.
+Gloo's job step (decoders.protocols.gloo.job) builds one `SequenceSpace` per direction from what the capture decoder
+left of it (its decoded messages' keys, offsets and sizes) and hands the collectives of
+decoders.protocols.gloo.collectives to `fitted`, capture by capture.
 """
 from __future__ import annotations
 
