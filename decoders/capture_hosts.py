@@ -2,7 +2,9 @@
 receive sides by it where the protocol's decoder could not."""
 from __future__ import annotations
 
-import pandas as pd
+from dlcsniff.decoders.arrow_without_pandas import pandas
+
+pd = pandas()
 
 
 def capture_hosts(streams: pd.DataFrame) -> pd.Series:

@@ -39,9 +39,11 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
+from dlcsniff.decoders.arrow_without_pandas import pandas
 from dlcsniff.decoders.schema import CLOCKS
+
+pd = pandas()
 
 CLOCK_COLUMNS = CLOCKS.names
 SAMPLE_COLUMNS = ("send_capture", "send_ts_ns", "recv_capture", "recv_ts_ns")

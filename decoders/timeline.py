@@ -40,13 +40,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
+from dlcsniff.decoders.arrow_without_pandas import pandas
 from dlcsniff.decoders.clocks import (CLOCK_COLUMNS, SAMPLE_COLUMNS, align, clock_table, estimate_clocks,
                                       linked_groups, unaligned_row)
-from dlcsniff.decoders.schema import EVENT_ATTRIBUTES as ATTRIBUTES, EVENTS
+from dlcsniff.decoders import connections
 from dlcsniff.decoders.capture_hosts import capture_hosts
+from dlcsniff.decoders.schema import EVENT_ATTRIBUTES as ATTRIBUTES, EVENTS
 from dlcsniff.decoders.protocols import job_hooks
+
+pd = pandas()
 
 IDENTITY = ("protocol", "request", "push", "pull", "simple_app", "ps_timestamp", "app_id", "customer_id",
             "control_cmd", "head", "opcode", "store_query", "psn", "tcp_seq")
@@ -72,15 +75,8 @@ class JobView:
 
 
 def connection_names(streams: pd.DataFrame) -> pd.Series:
-    """"src_ip:port>dst_ip:port" of every stream (a TCP direction), "src_ip>dst_ip#qp<n>" of a RoCE queue pair's
-    (its destination QP: streams without ports), the same in every capture that saw it."""
-    tcp = (streams["src_ip"].astype(str) + ":" + streams["src_port"].astype("Int64").astype(str) + ">"
-           + streams["dst_ip"].astype(str) + ":" + streams["dst_port"].astype("Int64").astype(str))
-    if "dest_qp" not in streams:
-        return tcp
-    qp = streams["src_ip"].astype(str) + ">" + streams["dst_ip"].astype(str) + "#qp" + streams["dest_qp"].astype(
-        "Int64").astype(str)
-    return tcp.where(streams["src_port"].notna() | streams["dest_qp"].isna(), qp)
+    """decoders.connections.connection_names of every stream, as text on the frame's index (NaN: no name)."""
+    return pd.Series(connections.connection_names(streams).to_pylist(), index=streams.index, dtype="str")
 
 
 def observations(messages: pd.DataFrame, streams: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:

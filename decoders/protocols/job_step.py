@@ -4,8 +4,8 @@ by its `JobEntry` in decoders.protocols.JOB_STEPS. Its module offers any of:
     resolve_job(job: JobColumns)          what only the whole job reveals (ps-lite's node ids and tensors, NCCL's
                                           collectives), on the job's column lists, in place
     summary(streams, tables) -> dict      the protocol's counters in the decode summary (keys of its own), from
-                                          the job's streams (a DataFrame) and tables (pyarrow, by name)
-    event_summary(events) -> dict         its counters of the job's messages, each once (events.parquet)
+                                          the job's streams and tables (pyarrow, by name)
+    event_summary(events) -> dict         its counters of the job's messages, each once (events.parquet, pyarrow)
     unclaimed(counts) -> (udp, packets)   traffic it declined after all, from one capture's counters: datagrams
                                           by service port and other packets, for the summary's `unclaimed`
     warnings(capture, counts) -> list     what the summary warns of, from one capture's counters

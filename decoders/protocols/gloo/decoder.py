@@ -210,7 +210,8 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
                                        "lost_bytes": connection.decoder.lost_bytes if is_client else None}
         if rows.messages:
             # pandas only where there is Gloo traffic: the decoders stay quick to import for the others
-            import pandas as pd
+            from dlcsniff.decoders.arrow_without_pandas import pandas
+            pd = pandas()
 
             from dlcsniff.decoders.protocols.gloo.collectives import collectives_from_messages
             messages = pd.DataFrame(rows.messages)

@@ -3,15 +3,21 @@ is party to every message it sends or receives) or, failing one, its peers'. The
 and the DLC records (analysis.operations) read a node's sends and receipts where it saw them itself."""
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from dlcsniff.decoders.arrow_without_pandas import pandas
 from dlcsniff.decoders.protocols.pslite.decoder import SCHEDULER_ID
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def node_hosts(node_ids: pd.Series, nodes: pd.DataFrame) -> pd.Series:
     """The host of each node id: its address in the nodes table (nodes.parquet: node_id, hostname), so that
     nodes on one host share it; a node the table does not list is a host of its own ("#<id>")."""
+    pd = pandas()
     hostname = nodes.drop_duplicates("node_id").set_index("node_id")["hostname"]
     ids = node_ids.astype("Int64")
     known = hostname.reindex(ids.fillna(-1).to_numpy(np.int64)).to_numpy(object)
@@ -28,6 +34,7 @@ def vantage_points(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     message in it and no other host's are (a message whose sender the decoder could not name counts against
     every host); a node with an own capture is seen only through it, a node without through every capture it
     is party to (its peers')."""
+    pd = pandas()
     capture = messages["capture"].astype("category")
     sender = messages["sender_id"].astype("Int64")
     recver = messages["recver_id"].astype("Int64")
@@ -60,6 +67,7 @@ def message_sides(obs: pd.DataFrame, messages: pd.DataFrame, nodes: pd.DataFrame
     """The timeline's hook (decoders.protocols.job_step): which of the observations `obs` (the job's messages, one
     row per capture that saw each) are ps-lite's, and of those which are their sender's and their receiver's
     own capture (`vantage_points`)."""
+    pd = pandas()
     mine = (obs["protocol"] == "pslite").to_numpy(bool)
     own = vantage_points(messages[(messages["protocol"] == "pslite").to_numpy(bool)], nodes)
     own = own[own["own"]]
