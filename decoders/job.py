@@ -30,20 +30,13 @@ from dlcsniff.decoders.packet import LINKTYPE_ETHERNET
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from dlcsniff.decoders.timeline import JobTimeline
+
 
 FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
 # Captures of one job run together; groups of captures this far apart in time were not made of one job.
 FAR_APART_NS = 60 * 1_000_000_000
 _HOSTS_SHOWN = 4
-
-
-@dataclass(frozen=True, slots=True)
-class JobTimeline:
-    """The job's timeline as the decode output holds it (decoders.timeline.job_view): events.parquet and
-    clocks.parquet (decoders.schema's EVENTS and CLOCKS), and what merging the observations lost."""
-    events: pa.Table
-    clocks: pa.Table
-    losses: dict[str, int]
 
 
 @dataclass
@@ -200,45 +193,32 @@ def _record_daemon_drops(summary_captures: list[dict], captures: list[CaptureInp
 
 
 def with_job_view(dataset: DecodedJob) -> DecodedJob:
-    """The job's timeline (decoders.timeline.job_view: each message once, the captures' clocks aligned), and
+    """The job's timeline (decoders.timeline.job_timeline: each message once, the captures' clocks aligned), and
     what the summary says from it: the job's messages once, each protocol's losses, the capture limits."""
     import pyarrow as pa
 
     from dlcsniff.decoders.capture_limits import capture_limits
     from dlcsniff.decoders.job_summary import message_counts
     from dlcsniff.decoders.losses import protocol_losses
-    from dlcsniff.decoders.schema import CLOCKS, EVENTS
+    from dlcsniff.decoders.timeline import job_timeline
 
     tables = dataset.tables
     streams = tables["streams"]
-    warnings: list[str] = []
-    if tables["messages"].num_rows == 0:    # e.g. captures of no protocol dlcsniff decodes: nothing to merge
-        view = JobTimeline(events=EVENTS.schema.empty_table(), clocks=CLOCKS.schema.empty_table(),
-                           losses={"observations": 0, "events": 0})
-    else:
-        from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
-
-        merged = job_view(tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
-                          streams.select(list(STREAM_READ_COLUMNS)).to_pandas(),
-                          tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
-        view = JobTimeline(events=EVENTS.from_frame(merged.events), clocks=CLOCKS.from_frame(merged.clocks),
-                           losses=merged.losses)
-        warnings = merged.warnings
-        # each sighting names its message
+    view = job_timeline(tables["messages"], streams, tables["nodes"])
+    if view.message_events is not None:      # each sighting names its message
         column = tables["messages"].schema.get_field_index("event_id")
-        tables["messages"] = tables["messages"].set_column(column, "event_id", pa.array(merged.message_events,
+        tables["messages"] = tables["messages"].set_column(column, "event_id", pa.array(view.message_events,
                                                                                          type=pa.int64()))
-    limits, limit_warnings = capture_limits(dataset.summary["captures"], streams, view.events)
+    limits, warnings = capture_limits(dataset.summary["captures"], streams, view.events)
     dataset.summary.update(message_counts(view.events))
     dataset.summary.update(losses_by_protocol=protocol_losses(streams, view.events), capture_limits=limits)
-    dataset.summary["warnings"] += limit_warnings + warnings
+    dataset.summary["warnings"] += warnings + view.warnings
     dataset.view = view
     return dataset
 
 
 def _load_table_builders() -> None:
-    """Import what build_dataset, the timeline and the summary use (pandas, for the timeline, the largest), e.g.
-    while workers decode."""
+    """Import what build_dataset, the timeline and the summary use, e.g. while workers decode."""
     from dlcsniff.decoders import capture_limits, job_summary, schema, timeline  # noqa: F401
     from dlcsniff.decoders.protocols import JOB_STEPS
 

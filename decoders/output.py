@@ -22,7 +22,8 @@ from dlcsniff.decoders.job import with_job_view
 from dlcsniff.decoders.output_dir import METADATA_KEY, OutputError, manifest, write_manifest
 
 if TYPE_CHECKING:
-    from dlcsniff.decoders.job import DecodedJob, JobTimeline
+    from dlcsniff.decoders.job import DecodedJob
+    from dlcsniff.decoders.timeline import JobTimeline
 
 def job_view_summary(view: JobTimeline) -> dict:
     """What the CLI prints and the manifest keeps of a job view: events, losses, the clocks' alignment."""

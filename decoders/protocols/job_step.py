@@ -10,8 +10,9 @@ by its `JobEntry` in decoders.protocols.JOB_STEPS. Its module offers any of:
                                           by service port and other packets, for the summary's `unclaimed`
     warnings(capture, counts) -> list     what the summary warns of, from one capture's counters
     message_sides(obs, messages, nodes)   the timeline (decoders.timeline): which observations are its messages
-                                          and which of those are the sender's / receiver's own capture
-    reference_captures(sent) -> Series    the captures it would take as the job's reference clock, best first
+                                          and which of those are the sender's / receiver's own capture (obs:
+                                          numpy columns by name; messages, nodes: pyarrow)
+    reference_captures(sent) -> list      the captures it would take as the job's reference clock, best first
     says(summary) -> dict[str, str]       its words in the human decode summary (dlcsniff decode), by place:
                                           "flow_kinds" (after "TCP directions"), "framing" (a line after the TCP
                                           line), "messages" (after the messages' incomplete count), "counters" (a
