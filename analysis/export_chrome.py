@@ -84,7 +84,7 @@ def _message_names(messages: pd.DataFrame) -> np.ndarray:
 
 def _sightings(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
     """One row per (message row, end) whose capture is that end's vantage point."""
-    vantage = vantage_points(messages, nodes)
+    vantage = pd.DataFrame(vantage_points(messages, nodes))
     seen = pd.MultiIndex.from_frame(vantage[["node_id", "capture"]])
     captures = messages["capture"].astype(str).to_numpy()
     names = _message_names(messages)

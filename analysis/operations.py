@@ -321,9 +321,9 @@ def build_records(dataset: Dataset) -> Trace:
     if len(messages) == 0:
         raise AnalysisError(f"{dataset.source}: no ps-lite messages were decoded — nothing to analyse")
     if "iteration" not in messages:      # an output older than the column, or rows made by hand
-        messages = messages.assign(iteration=message_iterations(messages))
+        messages = messages.assign(iteration=pd.array(message_iterations(messages).to_pylist(), dtype="Int64"))
     topology = job_topology(messages, dataset.nodes)
-    vantage = vantage_points(messages, dataset.nodes)
+    vantage = pd.DataFrame(vantage_points(messages, dataset.nodes))
     multi = vantage.groupby("node_id").size()
     sides, dropped = _sides(messages, vantage)
     sides, seen_twice = _drop_seen_twice(sides, multi[multi > 1].index.to_numpy())

@@ -96,7 +96,7 @@ def network_ends(dataset: Dataset, topology: Topology) -> pd.DataFrame:
     """Every ps-lite message as its sender's and its receiver's own captures saw it (simulate_network's ends;
     nodes by DLC rank: workers, then servers)."""
     messages = dataset.messages
-    own = vantage_points(messages, dataset.nodes)
+    own = pd.DataFrame(vantage_points(messages, dataset.nodes))
     own = own[own["own"]]
     ends = []
     for column in ("sender_id", "recver_id"):

@@ -2,17 +2,23 @@
 receive sides by it where the protocol's decoder could not."""
 from __future__ import annotations
 
-import pandas as pd
+import collections
+from typing import Mapping
+
+from dlcsniff.decoders.column_values import column_values
 
 
-def capture_hosts(streams: pd.DataFrame) -> pd.Series:
+def capture_hosts(streams: Mapping) -> dict[str, str]:
     """capture → the one IP address every connection in it involves (its host), for captures where exactly
-    one address does (a capture of a single connection, or of a link between others, has none)."""
-    ends = pd.concat([streams[["capture", "src_ip", "flow_id"]].rename(columns={"src_ip": "ip"}),
-                      streams[["capture", "dst_ip", "flow_id"]].rename(columns={"dst_ip": "ip"})])
-    ends = ends.drop_duplicates()
-    per_ip = ends.groupby(["capture", "ip"]).size().rename("streams").reset_index()
-    per_capture = streams.groupby("capture").size()
-    everywhere = per_ip[per_ip["streams"].to_numpy() == per_capture.reindex(per_ip["capture"]).to_numpy()]
-    unique = everywhere.groupby("capture")["ip"].agg(["first", "size"])
-    return unique.loc[unique["size"] == 1, "first"]
+    one address does (a capture of a single connection, or of a link between others, has none). `streams`: the
+    streams table's capture, src_ip, dst_ip and flow_id columns by name."""
+    capture, src_ip, dst_ip, flow_id = (column_values(streams[name]) for name in ("capture", "src_ip", "dst_ip",
+                                                                                   "flow_id"))
+    ends = {(c, ip, flow) for c, src, dst, flow in zip(capture, src_ip, dst_ip, flow_id) for ip in (src, dst)}
+    per_ip = collections.Counter((c, ip) for c, ip, _ in ends if c is not None and ip is not None)
+    per_capture = collections.Counter(c for c in capture if c is not None)
+    everywhere: dict[str, list[str]] = {}
+    for (c, ip), n in per_ip.items():
+        if n == per_capture[c]:
+            everywhere.setdefault(c, []).append(ip)
+    return {c: found[0] for c, found in everywhere.items() if len(found) == 1}

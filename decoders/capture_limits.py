@@ -12,10 +12,15 @@ the decoders (each protocol's losses on the streams it touched, decoders.losses)
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+import pyarrow.compute as pc
 
 from dlcsniff.decoders.losses import messages_affected, protocol_losses, says_losses, uncounted_messages_lost
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 HOLE_FRACTION = 0.01
 # A snap length this large cuts no packet of an Ethernet network: a cut comes from elsewhere (a filter's)
@@ -26,10 +31,10 @@ KEEP_UP = ("give the capture tool a larger buffer (tcpdump -B KiB, dumpcap -B Mi
            "or capture with `dlcsniff capture`, which writes less by cutting the tensor values no decoder reads")
 
 
-def capture_limits(captures: list[dict], streams: pd.DataFrame, events: pd.DataFrame) -> tuple[list[dict], list[str]]:
+def capture_limits(captures: list[dict], streams: pa.Table, events: pa.Table) -> tuple[list[dict], list[str]]:
     """(the limits found, as summary entries; their warnings). `captures`: the decode summary's (their files'
     snaplen and dropped); `streams`, `events`: the job's tables (see decoders.losses.protocol_losses)."""
-    tcp = streams["syn_seen"].notna().to_numpy(bool)        # TCP directions (RoCE streams have no handshake)
+    tcp = pc.is_valid(streams["syn_seen"]).to_numpy()        # TCP directions (RoCE streams have no handshake)
     found: list[dict] = []
     warnings: list[str] = []
     for limit in (_snaplen(captures, streams, events, tcp), _holes(streams, events, tcp),
@@ -41,7 +46,7 @@ def capture_limits(captures: list[dict], streams: pd.DataFrame, events: pd.DataF
     return found, warnings
 
 
-def _cost(streams: pd.DataFrame, events: pd.DataFrame, touched: np.ndarray) -> tuple[dict, str]:
+def _cost(streams: pa.Table, events: pa.Table, touched: np.ndarray) -> tuple[dict, str]:
     losses = protocol_losses(streams, events, touched)
     affected = messages_affected(losses)
     said = (f"{_count(affected, 'message')} affected ({says_losses(losses)})" if losses
@@ -55,13 +60,23 @@ def _count(n: int, thing: str) -> str:
     return f"{n:,} {thing}" + ("" if n == 1 else "s")
 
 
-def _names(streams: pd.DataFrame, rows: np.ndarray) -> list[str]:
-    return sorted(streams["capture"].astype(str)[rows].unique())
+def _numbers(streams: pa.Table, name: str) -> np.ndarray:
+    """A column of counts (null: 0)."""
+    return pc.fill_null(streams[name], 0).to_numpy().astype(np.int64)
 
 
-def _snaplen(captures: list[dict], streams: pd.DataFrame, events: pd.DataFrame, tcp: np.ndarray):
-    cut = tcp & (streams["uncaptured_bytes"].fillna(0).to_numpy(np.int64) > 0)
-    unclaimed = cut & (streams["protocol"].to_numpy(object) == "tcp")
+def _captures(streams: pa.Table) -> np.ndarray:
+    return np.array(streams["capture"].to_pylist(), dtype=object)
+
+
+def _names(streams: pa.Table, rows: np.ndarray) -> list[str]:
+    return sorted(set(_captures(streams)[rows]))
+
+
+def _snaplen(captures: list[dict], streams: pa.Table, events: pa.Table, tcp: np.ndarray):
+    uncaptured = _numbers(streams, "uncaptured_bytes")
+    cut = tcp & (uncaptured > 0)
+    unclaimed = cut & (np.array(streams["protocol"].to_pylist(), dtype=object) == "tcp")
     cost, said = _cost(streams, events, cut)
     if not cost["losses"] and not unclaimed.any():
         return None
@@ -73,7 +88,7 @@ def _snaplen(captures: list[dict], streams: pd.DataFrame, events: pd.DataFrame, 
     by_length = "; ".join(f"{', '.join(n for n in names if stated[n] == said_of)} ({said_of})"
                           for said_of in dict.fromkeys(stated.values()))
     entry = {"limit": "snaplen", "captures": names, "snaplen_bytes": snaplens,
-             "cut_bytes": int(streams["uncaptured_bytes"].to_numpy()[cut].sum()),
+             "cut_bytes": int(uncaptured[cut].sum()),
              "unclaimed_directions_cut": int(unclaimed.sum()), **cost}
     unclaimed_said = (f"; {_count(int(unclaimed.sum()), 'TCP direction')} no decoder claimed cut too (what they "
                       "carried cannot be known)" if unclaimed.any() else "")
@@ -81,10 +96,9 @@ def _snaplen(captures: list[dict], streams: pd.DataFrame, events: pd.DataFrame, 
                    f"{unclaimed_said}. To decode them, {TAKE_WHOLE_PACKETS}")
 
 
-def _holes(streams: pd.DataFrame, events: pd.DataFrame, tcp: np.ndarray):
-    missing = streams["missing_bytes"].fillna(0).to_numpy(np.int64)
-    total = missing + streams["bytes"].fillna(0).to_numpy(np.int64) + streams["uncaptured_bytes"].fillna(0).to_numpy(
-        np.int64)
+def _holes(streams: pa.Table, events: pa.Table, tcp: np.ndarray):
+    missing = _numbers(streams, "missing_bytes")
+    total = missing + _numbers(streams, "bytes") + _numbers(streams, "uncaptured_bytes")
     fraction = np.divide(missing, total, out=np.zeros(len(total)), where=total > 0)
     holed = tcp & (fraction > HOLE_FRACTION)
     if not holed.any():
@@ -99,12 +113,12 @@ def _holes(streams: pd.DataFrame, events: pd.DataFrame, tcp: np.ndarray):
                    f"So that the capture keeps up, {KEEP_UP}")
 
 
-def _kernel_drops(captures: list[dict], streams: pd.DataFrame, events: pd.DataFrame):
+def _kernel_drops(captures: list[dict], streams: pa.Table, events: pa.Table):
     dropped = {cap["capture"]: sum(f["dropped"] or 0 for f in cap["files"]) for cap in captures}
     dropped = {name: n for name, n in dropped.items() if n}
     if not dropped:
         return None
-    cost, said = _cost(streams, events, streams["capture"].astype(str).isin(list(dropped)).to_numpy(bool))
+    cost, said = _cost(streams, events, np.isin(_captures(streams), list(dropped)))
     entry = {"limit": "kernel_drops", "captures": sorted(dropped), "dropped_packets": dropped, **cost}
     return entry, ("capture limit (kernel drops): packets dropped before the capture tool got them, as it recorded: "
                    + ", ".join(f"{n:,} in {name}" for name, n in sorted(dropped.items()))

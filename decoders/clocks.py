@@ -37,11 +37,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
+from dlcsniff.decoders.column_values import column_values
 from dlcsniff.decoders.schema import CLOCKS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CLOCK_COLUMNS = CLOCKS.names
 SAMPLE_COLUMNS = ("send_capture", "send_ts_ns", "recv_capture", "recv_ts_ns")
@@ -113,26 +118,30 @@ class Envelopes:
         return inside
 
 
-def pair_clocks(samples: pd.DataFrame, epoch_ns: int, spans: pd.DataFrame | None = None) -> pd.DataFrame:
+def pair_clocks(samples: Mapping, epoch_ns: int, spans: Mapping[str, tuple[int, int]] | None = None
+                ) -> dict[str, np.ndarray]:
     """Per unordered pair of captures (a < b by name) that exchanged messages both ways: the clock
     difference theta = clock_b - clock_a = theta0_ns + slope * (t_a - epoch_ns), its error bound, whether
     a linear clock fits every sample (`consistent`), and the samples per direction. `samples` has
-    SAMPLE_COLUMNS: one row per one-way delay. The bound holds over the samples' time span and over both
-    captures' `spans` (capture → first_ns, last_ns, each on its own clock) when given."""
+    SAMPLE_COLUMNS (columns by name): one row per one-way delay. The bound holds over the samples' time span and
+    over both captures' `spans` (capture → (first_ns, last_ns), each on its own clock) when given. Returns the
+    pairs' columns: a, b, theta0_ns, slope, error_bound_ns, consistent, samples_ab, samples_ba."""
     # captures as codes in name order, so that "a < b" compares codes
-    codes, names = pd.factorize(pd.concat([samples["send_capture"], samples["recv_capture"]]).astype(str), sort=True)
-    send, recv = codes[:len(samples)], codes[len(samples):]
+    n = len(samples["send_capture"])
+    names, codes = np.unique(np.array([str(c) for c in (*samples["send_capture"], *samples["recv_capture"])],
+                                      dtype=object), return_inverse=True)
+    send, recv = codes[:n], codes[n:]
     between = send != recv
     send, recv = send[between], recv[between]
-    send_ts = samples["send_ts_ns"].to_numpy(np.int64)[between]
-    recv_ts = samples["recv_ts_ns"].to_numpy(np.int64)[between]
+    send_ts = np.asarray(samples["send_ts_ns"], dtype=np.int64)[between]
+    recv_ts = np.asarray(samples["recv_ts_ns"], dtype=np.int64)[between]
     forward = send < recv
     unordered = np.where(forward, send, recv) * len(names) + np.where(forward, recv, send)
     # only pairs with messages both ways bound the clock difference from both sides
     ways = np.zeros((len(names) ** 2, 2), dtype=np.int64)
     np.add.at(ways, (unordered, forward.astype(np.int64)), 1)
     keep = (ways[unordered] > 0).all(axis=1)
-    pair, pair_ids = pd.factorize(unordered[keep], sort=True)
+    pair_ids, pair = np.unique(unordered[keep], return_inverse=True)
     pairs = len(pair_ids)
     forward = forward[keep]
     # time on a's clock; delay in the direction of travel
@@ -156,9 +165,9 @@ def pair_clocks(samples: pd.DataFrame, epoch_ns: int, spans: pd.DataFrame | None
     np.minimum.at(x_lo, pair, x)
     np.maximum.at(x_hi, pair, x)
     if spans is not None:
-        known = spans.set_index(spans["capture"].astype(str)).reindex(np.asarray(names, dtype=object))
-        first = known["first_ns"].to_numpy(np.float64) - epoch_ns
-        last = known["last_ns"].to_numpy(np.float64) - epoch_ns
+        known = [spans.get(name, (np.nan, np.nan)) for name in names]
+        first = np.array([span[0] for span in known], dtype=np.float64) - epoch_ns
+        last = np.array([span[1] for span in known], dtype=np.float64) - epoch_ns
         a, b = pair_ids // len(names), pair_ids % len(names)
         # b's span read on a's clock: minus theta (its slope's share over a span is second order)
         x_lo = np.fmin(x_lo, np.fmin(first[a], first[b] - theta0 - slope * first[b]))
@@ -173,20 +182,21 @@ def pair_clocks(samples: pd.DataFrame, epoch_ns: int, spans: pd.DataFrame | None
         estimate = theta0 + slope * end
         bound = np.fmax(bound, np.fmax(support[0::2] - estimate, estimate + support[1::2]))
     bound = np.where(consistent, bound, np.abs(width) / 2)
-    return pd.DataFrame({
+    return {
         "a": np.asarray(names, dtype=object)[pair_ids // len(names)],
         "b": np.asarray(names, dtype=object)[pair_ids % len(names)],
         "theta0_ns": theta0, "slope": slope, "error_bound_ns": bound, "consistent": consistent,
         "samples_ab": np.bincount(pair[forward], minlength=pairs),
         "samples_ba": np.bincount(pair[~forward], minlength=pairs),
-    })
+    }
 
 
-def _shortest_path_tree(pairs: pd.DataFrame, reference: str) -> dict[str, tuple[str, int]]:
+def _shortest_path_tree(pairs: dict[str, np.ndarray], reference: str) -> dict[str, tuple[str, int]]:
     """capture → (its parent towards the reference, row of the pair linking them), minimising the summed
     error bounds (Dijkstra over captures: as many steps as captures, not messages)."""
     links: dict[str, list[tuple[float, str, int]]] = {}
-    for row, (a, b, bound) in enumerate(zip(pairs["a"], pairs["b"], pairs["error_bound_ns"])):
+    for row, (a, b, bound) in enumerate(zip(pairs["a"].tolist(), pairs["b"].tolist(),
+                                            pairs["error_bound_ns"].tolist())):
         links.setdefault(a, []).append((bound, b, row))
         links.setdefault(b, []).append((bound, a, row))
     best = {reference: 0.0}
@@ -204,8 +214,8 @@ def _shortest_path_tree(pairs: pd.DataFrame, reference: str) -> dict[str, tuple[
     return parent
 
 
-def linked_groups(captures: list[str], links: pd.DataFrame) -> list[list[str]]:
-    """The captures in groups linked by `links` (a, b: two captures that saw one message), each group sorted
+def linked_groups(captures: list[str], links: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """The captures in groups linked by `links` ((a, b): two captures that saw one message), each group sorted
     by name, the groups in the order of their first capture."""
     root = {capture: capture for capture in captures}
 
@@ -214,7 +224,7 @@ def linked_groups(captures: list[str], links: pd.DataFrame) -> list[list[str]]:
             root[capture] = root[root[capture]]
             capture = root[capture]
         return capture
-    for a, b in zip(links["a"], links["b"]):
+    for a, b in links:
         top_a, top_b = find(a), find(b)
         if top_a != top_b:
             root[max(top_a, top_b)] = min(top_a, top_b)
@@ -224,20 +234,22 @@ def linked_groups(captures: list[str], links: pd.DataFrame) -> list[list[str]]:
     return list(groups.values())
 
 
-def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str | None = None,
-                    spans: pd.DataFrame | None = None) -> pd.DataFrame:
+def estimate_clocks(samples: Mapping, captures: list[str], reference: str | None = None,
+                    spans: Mapping[str, tuple[int, int]] | None = None) -> pa.Table:
     """clocks.parquet rows of one job: how to align every capture in `captures` with the reference
     (CLOCK_COLUMNS). A capture no chain of pairs with samples both ways links to the reference is listed
     with null offset and drift and the `reason`.
 
-    The reference defaults to the first capture. `spans` (capture, first_ns, last_ns: each capture's first
-    and last timestamp) widens the time over which the bounds hold from the samples' to the captures'.
+    `samples`: SAMPLE_COLUMNS by name (a pyarrow table's, a DataFrame's or numpy arrays). The reference defaults
+    to the first capture. `spans` (capture → (first_ns, last_ns): each capture's first and last timestamp) widens the time over which the bounds hold from the samples' to the captures'.
     Affine maps are kept relative to epoch_ns (the earliest sample time of the job), so float64 keeps
     sub-nanosecond precision whatever the absolute times, and nothing outside the job moves them."""
     captures = [str(c) for c in captures]
     reference = captures[0] if reference is None else reference
-    times = samples[["send_ts_ns", "recv_ts_ns"]].to_numpy(np.int64)
-    epoch_ns = int(times.min()) if len(samples) else 0
+    samples = {name: column_values(samples[name]) for name in SAMPLE_COLUMNS}
+    times = np.concatenate([np.asarray(samples["send_ts_ns"], dtype=np.int64),
+                            np.asarray(samples["recv_ts_ns"], dtype=np.int64)])
+    epoch_ns = int(times.min()) if len(times) else 0
     pairs = pair_clocks(samples, epoch_ns, spans)
     parent = _shortest_path_tree(pairs, reference)
     # map to the reference: aligned - E = m * (ts - E) + k; with the summed bound and the edges' consistency
@@ -247,7 +259,7 @@ def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str |
         if capture not in maps:
             up, row = parent[capture]
             m_up, k_up, bound_up, consistent_up = resolve(up)
-            pair = pairs.iloc[row]
+            pair = {name: values[row] for name, values in pairs.items()}
             theta0, slope = float(pair["theta0_ns"]), float(pair["slope"])
             # pair: clock_b - clock_a = theta0 + slope * (t_a - E); the map capture → up
             if capture == pair["b"]:
@@ -266,7 +278,7 @@ def estimate_clocks(samples: pd.DataFrame, captures: list[str], reference: str |
             continue
         m, k, bound, consistent = resolve(capture)
         via, used = (None, (0, 0)) if capture not in parent else (parent[capture][0], _samples_via(
-            pairs.iloc[parent[capture][1]], capture))
+            {name: values[parent[capture][1]] for name, values in pairs.items()}, capture))
         rows.append({"capture": capture, "reference": reference, "aligned": True, "via": via,
                      "offset_ns": int(round(k)), "drift_ppm": (m - 1.0) * 1e6, "epoch_ts_ns": epoch_ns,
                      "error_bound_ns": int(round(bound)), "consistent": consistent,
@@ -283,20 +295,16 @@ def unaligned_row(capture: str, reference: str, epoch_ns: int, reason: str) -> d
             "messages_used": 0, "samples_from_via": 0, "samples_to_via": 0, "reason": reason}
 
 
-def clock_table(rows: list[dict]) -> pd.DataFrame:
-    """clocks.parquet rows as a frame of CLOCK_COLUMNS, with nullable columns where a row may have no value."""
-    table = pd.DataFrame(rows, columns=list(CLOCK_COLUMNS))
-    for column, dtype in (("offset_ns", "Int64"), ("error_bound_ns", "Int64"), ("drift_ppm", "Float64"),
-                          ("consistent", "boolean"), ("aligned", bool), ("epoch_ts_ns", np.int64)):
-        table[column] = table[column].astype(dtype)
-    return table
+def clock_table(rows: list[dict]) -> pa.Table:
+    """clocks.parquet rows as a table (CLOCKS)."""
+    return CLOCKS.from_columns({name: [row[name] for row in rows] for name in CLOCK_COLUMNS})
 
 
-def _why_unlinked(capture: str, samples: pd.DataFrame, pairs: pd.DataFrame, reference: str) -> str:
+def _why_unlinked(capture: str, samples: dict[str, list], pairs: dict[str, np.ndarray], reference: str) -> str:
     """Why no chain of pairs with samples both ways links `capture` to the reference."""
-    sent = int((samples["send_capture"].astype(str) == capture).sum())
-    received = int((samples["recv_capture"].astype(str) == capture).sum())
-    partners = sorted({*pairs.loc[pairs["a"] == capture, "b"], *pairs.loc[pairs["b"] == capture, "a"]})
+    sent = sum(str(name) == capture for name in samples["send_capture"])
+    received = sum(str(name) == capture for name in samples["recv_capture"])
+    partners = sorted({*pairs["b"][pairs["a"] == capture], *pairs["a"][pairs["b"] == capture]})
     if not sent and not received:
         return ("no message it sent or received was seen by the capture at the other end (it saw others' "
                 "messages only, or its peers' captures are missing)")
@@ -307,24 +315,35 @@ def _why_unlinked(capture: str, samples: pd.DataFrame, pairs: pd.DataFrame, refe
             f"those to {reference}")
 
 
-def _samples_via(pair: pd.Series, capture: str) -> tuple[int, int]:
+def _samples_via(pair: dict, capture: str) -> tuple[int, int]:
     """(samples from the parent to `capture`, samples from `capture` to the parent)."""
     if capture == pair["b"]:
         return int(pair["samples_ab"]), int(pair["samples_ba"])
     return int(pair["samples_ba"]), int(pair["samples_ab"])
 
 
-def align(ts_ns: np.ndarray | pd.Series, capture: np.ndarray | pd.Series,
-          clocks: pd.DataFrame) -> pd.arrays.IntegerArray:
-    """Times on the reference clock of each capture's job (nullable Int64 ns): each row's `ts_ns` read with
-    its `capture`'s clock. Null times stay null; a capture the table does not know, or could not align (null
-    offset), keeps its own clock."""
+def aligned_ns(ts_ns: np.ndarray, seen: np.ndarray, captures: Sequence[str | None], clocks) -> np.ndarray:
+    """Times on the reference clock of each capture's job (int64 ns): each row's `ts_ns` read with its capture's
+    clock (clocks.parquet's columns by name); a capture the table does not know, or could not align (null
+    offset), keeps its own clock. Where `seen` is false the result is the capture's epoch: no time."""
+    known = {capture: (offset or 0, drift or 0.0, epoch or 0) for capture, offset, drift, epoch in zip(
+        *(column_values(clocks[name]) for name in ("capture", "offset_ns", "drift_ppm", "epoch_ts_ns")))}
+    found = [known.get(capture, (0, 0.0, 0)) for capture in captures]
+    offset = np.array([clock[0] for clock in found], dtype=np.int64)
+    drift = np.array([clock[1] for clock in found], dtype=np.float64)
+    epoch = np.array([clock[2] for clock in found], dtype=np.int64)
+    raw = np.where(seen, np.asarray(ts_ns, dtype=np.int64), epoch)
+    return raw + offset + np.rint(drift * 1e-6 * (raw - epoch).astype(np.float64)).astype(np.int64)
+
+
+def align(ts_ns: np.ndarray | pd.Series, capture: np.ndarray | pd.Series, clocks) -> pd.arrays.IntegerArray:
+    """`aligned_ns` for pandas (analysis/): times as a nullable Int64 array, null times staying null; `clocks` a
+    DataFrame or a pyarrow table of clocks.parquet."""
+    from dlcsniff.decoders.arrow_without_pandas import pandas
+    pd = pandas()
+
     ts = pd.array(ts_ns, dtype="Int64")
-    table = clocks.set_index("capture")
-    names = pd.Series(capture, dtype=object).astype(str).to_numpy()
-    offset = table["offset_ns"].reindex(names).fillna(0).to_numpy(np.int64)
-    drift = table["drift_ppm"].reindex(names).fillna(0.0).to_numpy(np.float64)
-    epoch = table["epoch_ts_ns"].reindex(names).fillna(0).to_numpy(np.int64)
-    raw = np.where(ts.isna(), epoch, ts.to_numpy(dtype=np.int64, na_value=0))
-    shifted = raw + offset + np.rint(drift * 1e-6 * (raw - epoch).astype(np.float64)).astype(np.int64)
-    return pd.arrays.IntegerArray(shifted, ts.isna().copy())
+    names = [None if name is None else str(name) for name in column_values(pd.Series(capture, dtype=object))]
+    missing = ts.isna()
+    shifted = aligned_ns(ts.to_numpy(dtype=np.int64, na_value=0), ~missing, names, clocks)
+    return pd.arrays.IntegerArray(shifted, missing.copy())

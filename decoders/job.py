@@ -28,10 +28,10 @@ from dlcsniff.decoders.inputs.selection import PacketSelection
 from dlcsniff.decoders.packet import LINKTYPE_ETHERNET
 
 if TYPE_CHECKING:
-    import pandas as pd
     import pyarrow as pa
 
-    from dlcsniff.decoders.timeline import JobView
+    from dlcsniff.decoders.timeline import JobTimeline
+
 
 FLOW_ID_CAPTURE_SHIFT = 32   # flow_id = (capture index << 32) + stream number: unique without coordination
 # Captures of one job run together; groups of captures this far apart in time were not made of one job.
@@ -46,7 +46,7 @@ class DecodedJob:
     captures' files (None: a stream)."""
     tables: dict[str, pa.Table]
     summary: dict
-    view: JobView | None = None
+    view: JobTimeline | None = None
     input_sha256: list[str | None] = dataclasses.field(default_factory=list)
 
 
@@ -93,90 +93,13 @@ def build_dataset(results: list[CaptureResult]) -> DecodedJob:
     columns = {name: built[name] if name in built else _concat(results, name) for name in COLUMN_TABLES}
     columns["collectives"] = _append_columns(columns["collectives"], *job.collectives)
     tables = {name: table_from_columns(name, columns[name]) for name in COLUMN_TABLES}
-    summary = _summary(results, tables)
+    from dlcsniff.decoders.job_summary import job_summary
+
+    summary = job_summary(results, tables)
     summary.update(job.summary)
     apart, summary["jobs"] = two_jobs_evidence(results, tables["streams"])
     summary["warnings"] += same_capture_twice(results, tables["streams"]) + apart
     return DecodedJob(tables=tables, summary=summary, input_sha256=[digest for r in results for digest in r.sha256])
-
-
-TOP_PORTS = 5
-
-
-def _unclaimed(results: list[CaptureResult], tcp) -> dict:
-    """What no protocol decoder claimed: TCP connections and UDP datagrams by service port (the lower port),
-    the busiest first, and packets that are neither (non-IP, ICMP...)."""
-    plain = tcp[tcp["protocol"] == "tcp"]
-    pairs = plain.assign(low=plain[["src_port", "dst_port"]].min(axis=1),
-                         ends=[tuple(sorted(((s, sp), (d, dp)))) for s, sp, d, dp in
-                               zip(plain["src_ip"], plain["src_port"], plain["dst_ip"], plain["dst_port"])])
-    connections = pairs.drop_duplicates(["capture", "ends"])
-    tcp_ports = connections.groupby("low").size().sort_values(ascending=False, kind="stable")
-    from dlcsniff.decoders.protocols import job_hooks
-
-    declined = job_hooks("unclaimed")     # what a protocol took at first and gave back (decoders.protocols.job_step)
-    udp: dict[int, int] = {}
-    other = 0
-    for result in results:
-        other += result.unclaimed_packets
-        for ports, packets in [(result.unclaimed_udp, 0)] + [hook(result.counts) for hook in declined]:
-            for port, n in ports.items():
-                udp[port] = udp.get(port, 0) + n
-            other += packets
-    return {
-        "tcp_connections": int(len(connections)),
-        "tcp_bytes": int(plain["bytes"].sum()),
-        "tcp_ports": {int(port): int(n) for port, n in tcp_ports.head(TOP_PORTS).items()},
-        "udp_datagrams": sum(udp.values()),
-        "udp_ports": dict(sorted(udp.items(), key=lambda item: -item[1])[:TOP_PORTS]),
-        "other_packets": other,
-    }
-
-
-def _summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> dict:
-    from dlcsniff.decoders.protocols import job_hooks
-
-    streams = tables["streams"].to_pandas()
-    tcp = streams[streams["syn_seen"].notna()]              # TCP directions (RoCE rows have no handshake)
-    messages = tables["messages"].select(["protocol"]).to_pandas()
-    collectives = tables["collectives"].select(["protocol", "kind"]).to_pandas()
-    # rows of a protocol's own table (ZMTP's messages and commands, ps-lite's nodes...)
-    own_rows = any(table.num_rows for name, table in tables.items() if name not in ("streams", "messages"))
-    summary = {
-        "captures": [
-            {"capture": r.capture, "path": r.path, "packets": r.packets, "packets_decoded": r.packets_decoded,
-             "non_tcp_packets": r.non_tcp_packets, "ts_first_ns": r.first_ts_ns, "ts_last_ns": r.last_ts_ns,
-             "files": r.files, "warnings": r.warnings, "parse": r.parse_stats,
-             "undecoded_messages": r.counts.get("undecoded_messages", 0)}
-            for r in results
-        ],
-        "packets": sum(r.packets for r in results),
-        "packets_decoded": sum(r.packets_decoded for r in results),
-        "flows_by_protocol": streams.groupby("protocol").size().to_dict() if len(streams) else {},
-        "tcp_bytes": int(tcp["bytes"].sum()),
-        "missing_bytes": int(tcp["missing_bytes"].sum()),
-        "uncaptured_bytes": int(tcp["uncaptured_bytes"].sum()),
-        "retransmitted_bytes": int(tcp["retransmitted_bytes"].sum()),
-        "streams_with_holes": int((tcp["missing_bytes"] > 0).sum()),
-        # directions whose data began before the capture did (a reset answering a SYN carries none)
-        "midstream_streams": int(((tcp["syn_seen"] == False) & (tcp["bytes"] + tcp["missing_bytes"] > 0)).sum()),  # noqa: E712
-        # every capture's sighting of a message (a message seen at both ends: two); the job's messages once:
-        # message_counts, from the timeline
-        "observations": len(messages),
-        "observations_by_protocol": messages.groupby("protocol").size().to_dict() if len(messages) else {},
-        "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
-                                collectives.groupby(["protocol", "kind"]).size().items()},
-        "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),
-        "unclaimed": _unclaimed(results, tcp),
-        # anything of a protocol dlcsniff decodes: flows or packets a decoder claimed, or messages
-        "dl_traffic": bool(len(messages) or own_rows or (streams["protocol"] != "tcp").any()),
-        "nodes": tables["nodes"].num_rows,
-        "warnings": [w for r in results for w in r.warnings]
-                    + [w for hook in job_hooks("warnings") for r in results for w in hook(r.capture, r.counts)],
-    }
-    for counters in job_hooks("summary"):
-        summary.update(counters(streams, tables))
-    return summary
 
 
 def prepare_inputs(inputs: Iterable[Path], selection: PacketSelection | None = None
@@ -270,18 +193,18 @@ def _record_daemon_drops(summary_captures: list[dict], captures: list[CaptureInp
 
 
 def with_job_view(dataset: DecodedJob) -> DecodedJob:
-    """The job's timeline (decoders.timeline.job_view: each message once, the captures' clocks aligned), and
+    """The job's timeline (decoders.timeline.job_timeline: each message once, the captures' clocks aligned), and
     what the summary says from it: the job's messages once, each protocol's losses, the capture limits."""
     import pyarrow as pa
 
     from dlcsniff.decoders.capture_limits import capture_limits
+    from dlcsniff.decoders.job_summary import message_counts
     from dlcsniff.decoders.losses import protocol_losses
-    from dlcsniff.decoders.timeline import MESSAGE_READ_COLUMNS, NODE_READ_COLUMNS, STREAM_READ_COLUMNS, job_view
+    from dlcsniff.decoders.timeline import job_timeline
 
     tables = dataset.tables
-    streams = tables["streams"].to_pandas()
-    view = job_view(tables["messages"].select(list(MESSAGE_READ_COLUMNS)).to_pandas(),
-                    streams[list(STREAM_READ_COLUMNS)], tables["nodes"].select(list(NODE_READ_COLUMNS)).to_pandas())
+    streams = tables["streams"]
+    view = job_timeline(tables["messages"], streams, tables["nodes"])
     if view.message_events is not None:      # each sighting names its message
         column = tables["messages"].schema.get_field_index("event_id")
         tables["messages"] = tables["messages"].set_column(column, "event_id", pa.array(view.message_events,
@@ -294,29 +217,9 @@ def with_job_view(dataset: DecodedJob) -> DecodedJob:
     return dataset
 
 
-def message_counts(events: pd.DataFrame) -> dict:
-    """The summary's counts of the job's messages, each once (events.parquet)."""
-    from dlcsniff.decoders.protocols import job_hooks
-
-    complete = events["complete"].fillna(False).to_numpy(bool)
-    counts = {
-        "messages": len(events),
-        "messages_by_protocol": {str(protocol): int(n) for protocol, n in
-                                 events.groupby(events["protocol"].astype(str)).size().items()},
-        "incomplete_messages": int((~complete).sum()),
-        "control_messages": int(events["control_cmd"].notna().sum()),
-    }
-    for counters in job_hooks("event_summary"):
-        counts.update(counters(events))
-    return counts
-
-
 def _load_table_builders() -> None:
-    """Import what build_dataset, the timeline and the summary use (pandas the largest), e.g. while workers
-    decode."""
-    import pandas  # noqa: F401
-
-    from dlcsniff.decoders import capture_limits, schema, timeline  # noqa: F401
+    """Import what build_dataset, the timeline and the summary use, e.g. while workers decode."""
+    from dlcsniff.decoders import capture_limits, job_summary, schema, timeline  # noqa: F401
     from dlcsniff.decoders.protocols import JOB_STEPS
 
     for entry in JOB_STEPS:
@@ -343,8 +246,9 @@ def same_capture_twice(results: list[CaptureResult], streams: pa.Table) -> list[
     together): each is decoded as a node of its own, so every message it saw is seen once per copy, and the
     copies' clocks, seeing none of each other's messages, cannot be aligned. The same packet count, first and
     last timestamp and TCP payload bytes: two nodes' captures never agree on all four."""
-    frame = streams.select(["capture", "bytes"]).to_pandas()
-    tcp_bytes = frame.groupby(frame["capture"].astype(str))["bytes"].sum()
+    tcp_bytes: dict[str, int] = {}
+    for capture, n in zip(streams["capture"].to_pylist(), streams["bytes"].to_pylist()):
+        tcp_bytes[capture] = tcp_bytes.get(capture, 0) + (n or 0)
     alike: dict[tuple, list[str]] = collections.defaultdict(list)
     for r in results:
         if r.packets:
@@ -361,11 +265,13 @@ def two_jobs_evidence(results: list[CaptureResult], streams: pa.Table) -> tuple[
     or of all flows when none was), or groups far apart in time (FAR_APART_NS); and the jobs' captures (the
     finer of the two groupings; empty for one job)."""
     warnings = []
-    frame = streams.select(["capture", "src_ip", "dst_ip", "protocol"]).to_pandas()
-    if (frame["protocol"] != "tcp").any():
-        frame = frame[frame["protocol"] != "tcp"]
-    hosts = {capture: set(group["src_ip"].dropna()) | set(group["dst_ip"].dropna())
-             for capture, group in frame.groupby("capture", observed=True)}
+    rows = list(zip(*(streams[name].to_pylist() for name in ("capture", "src_ip", "dst_ip", "protocol"))))
+    if any(protocol != "tcp" for *_, protocol in rows):
+        rows = [row for row in rows if row[3] != "tcp"]
+    hosts: dict[str, set[str]] = {}
+    for capture, src, dst, _ in rows:
+        if capture is not None:
+            hosts.setdefault(capture, set()).update(ip for ip in (src, dst) if ip is not None)
     hosts = {capture: found for capture, found in hosts.items() if found}
     groups: list[tuple[list[str], set[str]]] = []        # captures joined by a host in common
     for capture in [r.capture for r in results if r.capture in hosts]:

@@ -14,18 +14,23 @@ take only what lies on them: a message is touched when one of the captures that 
 """
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow.compute as pc
+
+from dlcsniff.decoders.connections import connection_names
 from dlcsniff.decoders.protocols import loss_counters
-from dlcsniff.decoders.timeline import connection_names
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 INCOMPLETE = "incomplete_messages"
 INCOMPLETE_SAYS = "messages incomplete (bytes of them not captured)"
 EVENT_CAPTURES = ("send_capture", "recv_capture", "observer_capture")
 
 
-def protocol_losses(streams: pd.DataFrame, events: pd.DataFrame,
+def protocol_losses(streams: pa.Table, events: pa.Table,
                     touched: np.ndarray | None = None) -> dict[str, dict[str, int]]:
     """protocol -> {"incomplete_messages": n, <LossCounter column>: n, ...}, of the protocols that lost
     something, leaving out zero counts; `touched` (one bool per streams row): only what lies on those streams.
@@ -33,26 +38,36 @@ def protocol_losses(streams: pd.DataFrame, events: pd.DataFrame,
     events.parquet's protocol, complete, connection and capture columns."""
     if touched is None:
         touched = np.ones(len(streams), bool)
-    connection = connection_names(streams).to_numpy(object)
+    connection = np.array(connection_names(streams).to_pylist(), dtype=object)
     losses: dict[str, dict[str, int]] = {}
-    on_touched = pd.MultiIndex.from_arrays([streams["capture"].astype(str).to_numpy(object)[touched],
-                                            connection[touched]])
+    on_touched = set(zip(np.array(streams["capture"].to_pylist(), dtype=object)[touched], connection[touched]))
+    event_connection = events["connection"].to_pylist()
     event_touched = np.zeros(len(events), bool)
     for column in EVENT_CAPTURES:
-        seen = pd.MultiIndex.from_arrays([events[column].astype(object).to_numpy(object),
-                                          events["connection"].astype(object).to_numpy(object)])
-        event_touched |= seen.isin(on_touched)
-    incomplete = events[event_touched & ~events["complete"].fillna(False).to_numpy(bool)]
-    for protocol, n in incomplete.groupby(incomplete["protocol"].astype(str)).size().items():
-        losses.setdefault(protocol, {})[INCOMPLETE] = int(n)
-    protocol_of = streams["protocol"].to_numpy(object)
+        event_touched |= np.fromiter(((capture, name) in on_touched for capture, name in
+                                      zip(events[column].to_pylist(), event_connection)), bool, len(events))
+    complete = pc.fill_null(events["complete"], False).to_numpy(zero_copy_only=False).astype(bool)
+    incomplete: dict[str, int] = {}
+    for protocol in np.array(events["protocol"].to_pylist(), dtype=object)[event_touched & ~complete]:
+        if protocol is not None:
+            incomplete[protocol] = incomplete.get(protocol, 0) + 1
+    for protocol, n in sorted(incomplete.items()):
+        losses.setdefault(protocol, {})[INCOMPLETE] = n
+    protocol_of = np.array(streams["protocol"].to_pylist(), dtype=object)
     for protocol, counters in loss_counters().items():
         mine = touched & (protocol_of == protocol)
         for counter in counters:
-            if not mine.any() or counter.column not in streams:
+            if not mine.any() or counter.column not in streams.column_names:
                 continue
-            values = pd.Series(streams[counter.column].to_numpy()[mine]).fillna(0).astype(np.int64)
-            total = (values.groupby(connection[mine]).max().sum() if counter.messages else values.sum())
+            values = pc.fill_null(streams[counter.column], 0).to_numpy().astype(np.int64)[mine]
+            if counter.messages:        # each connection once (a stream without a name counts in none)
+                most: dict[str, int] = {}
+                for name, value in zip(connection[mine], values.tolist()):
+                    if name is not None:
+                        most[name] = max(most.get(name, value), value)
+                total = sum(most.values())
+            else:
+                total = int(values.sum())
             if total:
                 losses.setdefault(protocol, {})[counter.column] = int(total)
     return dict(sorted(losses.items()))

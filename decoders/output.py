@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -19,18 +20,18 @@ import pyarrow.parquet as pq
 
 from dlcsniff.decoders.job import with_job_view
 from dlcsniff.decoders.output_dir import METADATA_KEY, OutputError, manifest, write_manifest
-from dlcsniff.decoders.schema import CLOCKS, EVENTS
 
 if TYPE_CHECKING:
     from dlcsniff.decoders.job import DecodedJob
+    from dlcsniff.decoders.timeline import JobTimeline
 
-def job_view_summary(view) -> dict:
+def job_view_summary(view: JobTimeline) -> dict:
     """What the CLI prints and the manifest keeps of a job view: events, losses, the clocks' alignment."""
-    references = view.clocks["reference"].value_counts(sort=False) if len(view.clocks) else None
+    references = collections.Counter(view.clocks["reference"].to_pylist())
     return {"events": view.losses["events"], "losses": view.losses,
             # the reference of the job of the most captures (the first by name among equals)
-            "reference": None if references is None else str(references.sort_index().idxmax()),
-            "clocks": view.clocks.astype(object).where(view.clocks.notna(), None).to_dict(orient="records")}
+            "reference": min(references.items(), key=lambda item: (-item[1], item[0]))[0] if references else None,
+            "clocks": view.clocks.to_pylist()}
 
 
 def write_decode_output(dataset: DecodedJob, out_dir: Path, *,
@@ -44,8 +45,7 @@ def write_decode_output(dataset: DecodedJob, out_dir: Path, *,
         with_job_view(dataset)
     view = dataset.view
     summary = job_view_summary(view)
-    tables = {**dataset.tables,
-              "events": EVENTS.from_frame(view.events), "clocks": CLOCKS.from_frame(view.clocks)}
+    tables = {**dataset.tables, "events": view.events, "clocks": view.clocks}
     content = manifest("decode", inputs=inputs or [], command=command,
                        files={f"{name}.parquet": {"rows": table.num_rows} for name, table in tables.items()},
                        job_view={"events": summary["events"], "losses": summary["losses"],

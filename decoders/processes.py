@@ -29,7 +29,8 @@ def _endpoints(flows):
 
 def join_processes(dataset, captures):
     """The dataset with the process columns above, for the captures that came from a daemon directory."""
-    import pandas as pd
+    from dlcsniff.decoders.arrow_without_pandas import pandas
+    pd = pandas()
     import pyarrow as pa
 
     from dlcsniff.decoders.inputs.daemon_dir import load_capture_dir, zmq_messages

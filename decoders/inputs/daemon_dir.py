@@ -17,12 +17,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.formats import probe_events as ev
 from dlcsniff.decoders.inputs.flow_owners import attribute_flows
+from dlcsniff.decoders.arrow_without_pandas import pandas
 from dlcsniff.decoders.formats.capture_dir import CAPTURE_JSON, read_capture_json, set_files
+
+pd = pandas()
 READ_CHUNK_BYTES = 1 << 20
 
 FLOW_COLUMNS = ["set", "family", "local_ip", "local_port", "remote_ip", "remote_port", "pid", "tid", "comm",

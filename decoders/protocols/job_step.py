@@ -5,14 +5,15 @@ by its `JobEntry` in decoders.protocols.JOB_STEPS. Its module offers any of:
                                           collectives of Gloo and NCCL: built here only), on the job's column
                                           lists, in place
     summary(streams, tables) -> dict      the protocol's counters in the decode summary (keys of its own), from
-                                          the job's streams (a DataFrame) and tables (pyarrow, by name)
-    event_summary(events) -> dict         its counters of the job's messages, each once (events.parquet)
+                                          the job's streams and tables (pyarrow, by name)
+    event_summary(events) -> dict         its counters of the job's messages, each once (events.parquet, pyarrow)
     unclaimed(counts) -> (udp, packets)   traffic it declined after all, from one capture's counters: datagrams
                                           by service port and other packets, for the summary's `unclaimed`
     warnings(capture, counts) -> list     what the summary warns of, from one capture's counters
     message_sides(obs, messages, nodes)   the timeline (decoders.timeline): which observations are its messages
-                                          and which of those are the sender's / receiver's own capture
-    reference_captures(sent) -> Series    the captures it would take as the job's reference clock, best first
+                                          and which of those are the sender's / receiver's own capture (obs:
+                                          numpy columns by name; messages, nodes: pyarrow)
+    reference_captures(sent) -> list      the captures it would take as the job's reference clock, best first
     says(summary) -> dict[str, str]       its words in the human decode summary (dlcsniff decode), by place:
                                           "flow_kinds" (after "TCP directions"), "framing" (a line after the TCP
                                           line), "messages" (after the messages' incomplete count), "counters" (a

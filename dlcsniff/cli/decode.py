@@ -62,6 +62,9 @@ def decode(
         from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
+    if engine == "pandas":      # this process's decoders hand pyarrow no pandas object (Dask's do)
+        from dlcsniff.decoders.arrow_without_pandas import skip_pandas
+        skip_pandas()
     try:
         selection = packet_selection(filter_expr, start, end)
     except ValueError as exc:
@@ -111,7 +114,6 @@ def decode(
 
 
 def _print_decode_summary(summary: dict, dataset) -> None:
-    import numpy as np
     from rich.table import Table
 
     from dlcsniff.decoders.losses import says_losses
@@ -168,7 +170,7 @@ def _print_decode_summary(summary: dict, dataset) -> None:
     if summary["collectives_by_kind"]:
         out.print("collectives: " + ", ".join(f"{kind} {n:,}" for kind, n in summary["collectives_by_kind"].items()))
     # the job's messages once: each event's fields, from the observation it takes them from
-    once = dataset.tables["messages"].take(dataset.view.events["message_row"].to_numpy(np.int64))
+    once = dataset.tables["messages"].take(dataset.view.events["message_row"])
     for said in protocol_summary_tables(once):
         table = Table(title=said.title, title_justify="left")
         for name, left in said.columns:

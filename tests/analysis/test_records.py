@@ -68,13 +68,13 @@ def test_without_its_own_capture_a_node_is_seen_from_its_peers():
 def test_a_capture_shared_by_two_nodes_only_is_nobodys_own():
     rows = (exchange("w0", "s0", 0, W0, S0, stamp=1, key=0, push=True, pull=True)
             + exchange("w1", "s0", 0, W1, S0, stamp=1, key=0, push=True, pull=True))
-    vantage = vantage_points(dataset(rows).messages, dataset(rows).nodes)
+    vantage = pd.DataFrame(vantage_points(dataset(rows).messages, dataset(rows).nodes))
     assert vantage[vantage["own"]].set_index("node_id")["capture"].to_dict() == {
         W0: "w0", W1: "w1", S0: "s0", SCHED: "sched"}
     # w1's capture without its registration holds nothing but its traffic with s0: either could own it
     shared = dataset(rows).messages
     shared = shared[~((shared["capture"] == "w1") & shared["control_cmd"].notna())]
-    vantage = vantage_points(shared, dataset(rows).nodes)
+    vantage = pd.DataFrame(vantage_points(shared, dataset(rows).nodes))
     assert vantage[vantage["node_id"] == W1].set_index("capture")["own"].to_dict() == {
         "s0": False, "sched": False, "w1": False}
     assert vantage[vantage["node_id"] == S0].set_index("capture")["own"].to_dict() == {"s0": True}
@@ -92,11 +92,11 @@ def test_the_capture_of_a_host_two_nodes_share_is_both_nodes_own():
             for row in dataset(rows).messages.to_dict("records")]
     messages = pd.DataFrame(rows)
     nodes = pd.DataFrame({"node_id": [W0, S1, W1, S0], "hostname": ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]})
-    vantage = vantage_points(messages, nodes)
+    vantage = pd.DataFrame(vantage_points(messages, nodes))
     assert vantage.set_index("node_id")["capture"].to_dict() == {W0: "h0", S1: "h0", W1: "h1", S0: "h1", SCHED: "sched"}
     assert vantage["own"].all()
     # without the addresses each host's capture holds two nodes' traffic with others: nobody's own
-    alone = vantage_points(messages, nodes.iloc[0:0])
+    alone = pd.DataFrame(vantage_points(messages, nodes.iloc[0:0]))
     assert not alone[alone["node_id"] != SCHED]["own"].any()
 
 

@@ -13,6 +13,11 @@ from dlcsniff.decoders.clocks import CLOCK_COLUMNS, align, estimate_clocks, pair
 EPOCH = 1_795_940_000_000_000_000
 
 
+def estimated(*args, **kwargs) -> pd.DataFrame:
+    """estimate_clocks' table (pyarrow), as analysis reads clocks.parquet."""
+    return estimate_clocks(*args, **kwargs).to_pandas()
+
+
 def exchange(rng: np.random.Generator, clock_b, n: int, span_ns: float, min_delay_ns: float) -> pd.DataFrame:
     """Messages both ways between captures a (true time) and b (reads true time t as clock_b(t)), sent at
     random times over span_ns, each taking min_delay_ns plus an exponential queueing delay."""
@@ -35,7 +40,7 @@ def test_true_clock_lies_within_the_bound_and_no_aligned_delay_is_negative(offse
     rng = np.random.default_rng(seed)
     clock_b = lambda t: t + offset_ns + drift_ppm * 1e-6 * t  # noqa: E731
     samples = exchange(rng, clock_b, 200, span_s * 1e9, min_delay_ns)
-    clocks = estimate_clocks(samples, ["a", "b"], reference="a")
+    clocks = estimated(samples, ["a", "b"], reference="a")
     assert list(clocks.columns) == list(CLOCK_COLUMNS)
     b = clocks.set_index("capture").loc["b"]
     assert b["aligned"] and b["consistent"] and b["via"] == "a"
@@ -54,7 +59,7 @@ def test_true_clock_lies_within_the_bound_and_no_aligned_delay_is_negative(offse
 def test_drift_is_found_when_the_data_demand_it():
     rng = np.random.default_rng(7)
     samples = exchange(rng, lambda t: t + 5e6 + 80e-6 * t, 500, 600e9, 20_000)
-    b = estimate_clocks(samples, ["a", "b"], reference="a").set_index("capture").loc["b"]
+    b = estimated(samples, ["a", "b"], reference="a").set_index("capture").loc["b"]
     assert b["drift_ppm"] == pytest.approx(-80, abs=0.5)
     assert b["offset_ns"] == pytest.approx(-5e6, abs=float(b["error_bound_ns"]) + 1)
     assert b["messages_used"] == 500 and b["samples_from_via"] == b["samples_to_via"] == 500
@@ -73,9 +78,9 @@ def test_captures_chain_through_the_best_bounded_pairs():
     bc.loc[bc["recv_capture"] == "b", "recv_ts_ns"] += 10**9
     one_way = exchange(rng, lambda t: t, 20, 1e9, 10_000)
     one_way = one_way[one_way["send_capture"] == "a"].assign(recv_capture="d")
-    clocks = estimate_clocks(pd.concat([ab, bc, one_way], ignore_index=True), ["a", "b", "c", "d"],
+    clocks = estimated(pd.concat([ab, bc, one_way], ignore_index=True), ["a", "b", "c", "d"],
                              reference="a").set_index("capture")
-    pairs = pair_clocks(pd.concat([ab, bc, one_way], ignore_index=True), EPOCH).set_index(["a", "b"])
+    pairs = pd.DataFrame(pair_clocks(pd.concat([ab, bc, one_way], ignore_index=True), EPOCH)).set_index(["a", "b"])
     assert set(pairs.index) == {("a", "b"), ("b", "c")}
     assert clocks.loc["c", "via"] == "b" and clocks.loc["b", "via"] == "a"
     assert clocks.loc["c", "error_bound_ns"] == pytest.approx(
@@ -99,7 +104,7 @@ def test_a_clock_step_is_flagged_inconsistent():
     """No line fits a clock that jumps by 1 ms halfway (as an NTP step would) when delays are shorter."""
     rng = np.random.default_rng(11)
     samples = exchange(rng, lambda t: t + np.where(t > 5e8, 1e6, 0), 200, 1e9, 5_000)
-    b = estimate_clocks(samples, ["a", "b"], reference="a").set_index("capture").loc["b"]
+    b = estimated(samples, ["a", "b"], reference="a").set_index("capture").loc["b"]
     assert b["aligned"] and not b["consistent"]
 
 

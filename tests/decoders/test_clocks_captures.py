@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from dlcsniff.analysis import load_dataset, load_job_view
@@ -250,9 +251,10 @@ def assert_each_send_paired_with_its_receive(decode_dir: Path, view) -> None:
     assert first.min() >= -ONE_CLOCK_SLACK_NS, first.min()
     assert last.min() >= -ONE_CLOCK_SLACK_NS, last.min()
     # each side's sighting, as the timeline pairs them; the fields compared are none it pairs by
-    tables = {name: pd.read_parquet(decode_dir / f"{name}.parquet") for name in ("messages", "streams", "nodes")}
-    seen = observations(tables["messages"].reindex(columns=list(MESSAGE_READ_COLUMNS)), tables["streams"],
-                        tables["nodes"])
+    arrow = {name: pq.read_table(decode_dir / f"{name}.parquet") for name in ("messages", "streams", "nodes")}
+    tables = {name: table.to_pandas() for name, table in arrow.items()}
+    seen = pd.DataFrame({name: list(values) for name, values in observations(
+        arrow["messages"].select(list(MESSAGE_READ_COLUMNS)), arrow["streams"], arrow["nodes"]).items()})
     seen = seen[seen["event_id"].isin(events["event_id"]).to_numpy(bool)]
     fields = tables["messages"][list(GLOO_FIELDS)]
     sent, received = (fields.iloc[seen.loc[seen[f"{side}_side"], ["event_id", "message_row"]].drop_duplicates(

@@ -28,7 +28,10 @@ its algorithm model fits to what the messages state and the TCP sequence space c
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+
+from dlcsniff.decoders.arrow_without_pandas import pandas
+
+pd = pandas()
 
 COLUMNS = ["capture", "protocol", "pg", "kind", "seq", "world_size", "local_rank", "ts_first_ns", "ts_last_ns",
            "wire_bytes_sent", "wire_bytes_received", "payload_bytes_sent", "payload_bytes_received",

@@ -68,7 +68,8 @@ def resolve_job(job: JobColumns) -> None:
             gloo_rows.setdefault(capture, []).append(row)
     if not gloo_rows:
         return
-    import pandas as pd         # only for jobs with Gloo traffic: the decoders stay quick to import
+    from dlcsniff.decoders.arrow_without_pandas import pandas
+    pd = pandas()               # only for jobs with Gloo traffic: the decoders stay quick to import
 
     space = job.capture_table(SEQUENCE_SPACE)
     space_rows: dict[str, list[dict]] = {}

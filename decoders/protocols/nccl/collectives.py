@@ -789,7 +789,8 @@ def collective_columns(messages: dict[str, list], streams: dict[str, list]
     message belongs to (column -> row -> value: `message_tags`); both empty when the job has no NCCL traffic."""
     if not any(p in PROTOCOLS for p in set(messages.get("protocol", ()))):
         return {}, {}
-    import pandas as pd         # only for jobs with NCCL traffic: the decoders stay quick to import
+    from dlcsniff.decoders.arrow_without_pandas import pandas
+    pd = pandas()               # only for jobs with NCCL traffic: the decoders stay quick to import
 
     n = len(messages.get("protocol", ()))
     frame = pd.DataFrame({name: messages.get(name, [None] * n) for name in _MESSAGE_COLUMNS})

@@ -14,7 +14,8 @@ import collections
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols.pslite import decoder as pslite
@@ -22,7 +23,7 @@ from dlcsniff.decoders.protocols.job_step import SummaryTable
 from dlcsniff.decoders.protocols.pslite.tensors import byteps, mxnet
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from typing import Mapping
 
     from dlcsniff.decoders.protocols.job_step import JobColumns
 
@@ -38,14 +39,14 @@ def resolve_job(job: JobColumns) -> None:
     found for)."""
     job.tables["nodes"], job.summary["unattributed_messages"] = resolve_pslite(
         job.streams, job.messages, *map(job.capture_table, CAPTURE_TABLES))
-    job.messages["iteration"] = message_iterations(pd.DataFrame({name: job.messages[name]
-                                                                 for name in ITERATION_COLUMNS}))
+    job.messages["iteration"] = message_iterations(job.messages).to_pylist()
 
 
-def event_summary(events: pd.DataFrame) -> dict:
+def event_summary(events: pa.Table) -> dict:
     """ps-lite messages whose sender or receiver no identity, routing frame, announcement or address named."""
-    mine = events[(events["protocol"] == "pslite").to_numpy(bool)]
-    return {"messages_without_node_ids": int((mine["sender_id"].isna() | mine["recver_id"].isna()).sum())}
+    mine = events.filter(pc.fill_null(pc.equal(events["protocol"], "pslite"), False))
+    unnamed = pc.or_(pc.is_null(mine["sender_id"]), pc.is_null(mine["recver_id"]))
+    return {"messages_without_node_ids": int(pc.sum(pc.cast(unnamed, pa.int64())).as_py() or 0)}
 
 
 def says(summary: dict) -> dict[str, str]:
@@ -57,19 +58,25 @@ def says(summary: dict) -> dict[str, str]:
 
 def says_tables(messages: pa.Table) -> list[SummaryTable]:
     """The KV traffic by sender role, receiver role and kind: messages, bytes, tensors."""
-    kv = messages.select(["protocol", "control_cmd", "keys", "push", "pull", "request", "sender_role",
-                          "recver_role", "size_bytes", "tensor_key"]).to_pandas()
-    kv = kv[(kv["protocol"] == "pslite") & kv["control_cmd"].isna()
-            & kv["keys"].map(lambda keys: keys is not None and len(keys) > 0)]
-    if not len(kv):
+    columns = ("sender_role", "recver_role", "push", "pull", "request", "size_bytes", "tensor_key")
+    groups: dict[tuple, list] = {}
+    for protocol, control, keys, *row in zip(*(messages[name].to_pylist() for name in (
+            "protocol", "control_cmd", "keys", *columns))):
+        if protocol != "pslite" or control is not None or not keys:
+            continue
+        sender, recver, push, pull, request, size, tensor = row
+        kind = (pslite.PUSH_PULL if push and pull else "push" if push else "pull" if pull else "other") + (
+            " request" if request else " response" if request is not None else "")
+        group = groups.setdefault((sender, recver, kind), [0, 0, set()])
+        group[0] += 1
+        group[1] += size or 0
+        if tensor is not None:
+            group[2].add(tensor)
+    if not groups:
         return []
-    push, pull = (kv[flag].fillna(False).to_numpy(bool) for flag in ("push", "pull"))
-    kind = pd.Series(np.select([push & pull, push, pull], [pslite.PUSH_PULL, "push", "pull"], "other"),
-                     index=kv.index) + kv["request"].map({True: " request", False: " response"})
-    grouped = kv.assign(kind=kind).groupby(["sender_role", "recver_role", "kind"], dropna=False).agg(
-        messages=("size_bytes", "size"), bytes=("size_bytes", "sum"), tensors=("tensor_key", "nunique"))
-    rows = [(str(snd), str(rcv), k, f"{row['messages']:,}", f"{row['bytes']:,}", f"{row['tensors']:,}")
-            for (snd, rcv, k), row in grouped.iterrows()]
+    # by sender role, receiver role and kind, a missing role last
+    rows = [(str(snd), str(rcv), k, f"{n:,}", f"{total:,}", f"{len(tensors):,}") for (snd, rcv, k), (n, total, tensors)
+            in sorted(groups.items(), key=lambda item: tuple((value is None, value or "") for value in item[0]))]
     columns = (("sender", True), ("recver", True), ("kind", True), ("messages", False), ("bytes", False),
                ("tensors", False))
     return [SummaryTable("ps-lite KV traffic (each message once)", columns, rows)]
@@ -265,10 +272,11 @@ _EXCHANGE = ["sender", "recver", "customer", "app", "stamp"]
 _REQUEST = _EXCHANGE + ["key", "push", "pull"]
 
 
-def message_iterations(messages: pd.DataFrame) -> pd.Series:
-    """The training iteration of every ps-lite data message between a worker and a server (Int64, null for
+def message_iterations(messages: Mapping) -> pa.Array:
+    """The training iteration of every ps-lite data message between a worker and a server (int64, null for
     anything else: commands, control, a response of an unknown tensor whose request no capture saw);
-    `messages` has ITERATION_COLUMNS, a row per capture that saw a message (its sightings get one number).
+    `messages` has ITERATION_COLUMNS (a pyarrow table, a DataFrame or column lists by name), a row per capture
+    that saw a message (its sightings get one number).
 
     Rounds: per (worker, server, tensor key), the requests in the worker's dispatch order (the ps-lite
     timestamp, a per-customer request counter, so every capture agrees whatever its timing) are numbered by
@@ -279,65 +287,94 @@ def message_iterations(messages: pd.DataFrame) -> pd.Series:
     is the first plain pull of a dense tensor that training push-pulls when it comes in the first training
     round (MXNet issues the broadcast asynchronously: its pull may leave after the first training push-pull).
     A response carries its request's."""
-    frame = _exchange_frame(messages)
-    request = frame["request"].to_numpy(bool)
-    worker_to_server = _is_worker(frame["sender"]) & _is_server(frame["recver"])
-    server_to_worker = _is_server(frame["sender"]) & _is_worker(frame["recver"])
-    requests = frame[frame["data"].to_numpy(bool) & request & worker_to_server]
-    responses = frame[frame["data"].to_numpy(bool) & ~request & server_to_worker]
-    seen = requests.drop_duplicates(_REQUEST)
-    # a response (of a known tensor) whose request no capture saw still says that the request was made, and what
-    # it was: ps-lite echoes its flags, customer and timestamp; it counts among the rounds
-    asking = responses[responses["key"].to_numpy() >= 0].rename(columns={"sender": "recver", "recver": "sender"})
-    unseen = asking.merge(seen[_EXCHANGE], on=_EXCHANGE, how="left", indicator=True)
-    unseen = unseen[(unseen["_merge"] == "left_only").to_numpy(bool)].drop_duplicates(_EXCHANGE)
-    unique = pd.concat([seen, unseen[seen.columns]], ignore_index=True)
-    unique = unique.assign(iteration=_rounds(unique))
-    iteration = pd.Series(pd.NA, index=frame.index, dtype="Int64")
-    iteration[requests.index] = requests.merge(unique[_REQUEST + ["iteration"]], on=_REQUEST, how="left")[
-        "iteration"].to_numpy(np.int64)
-    # ps-lite echoes the request's customer and timestamp in its response, which travels the other way
-    asked = unique.drop_duplicates(_EXCHANGE).rename(columns={"sender": "recver", "recver": "sender"})
-    answered = responses.merge(asked[_EXCHANGE + ["iteration"]], on=_EXCHANGE, how="left")
-    iteration[responses.index] = answered["iteration"].astype("Int64").to_numpy()
-    return iteration.set_axis(messages.index)
+    frame = _exchange_columns(messages)
+    data, request = frame["data"], frame["request"]
+    sender, recver = frame["sender"], frame["recver"]
+    requests = np.flatnonzero(data & request & _is_worker(sender) & _is_server(recver))
+    responses = np.flatnonzero(data & ~request & _is_server(sender) & _is_worker(recver))
+    rows = {name: values.tolist() for name, values in frame.items()}
+
+    def exchange(row: int, answer: bool = False) -> tuple:
+        ends = (rows["recver"][row], rows["sender"][row]) if answer else (rows["sender"][row], rows["recver"][row])
+        return (*ends, rows["customer"][row], rows["app"][row], rows["stamp"][row])
+
+    def request_of(row: int, answer: bool = False) -> tuple:
+        return (*exchange(row, answer), rows["key"][row], rows["push"][row], rows["pull"][row])
+
+    # the requests once each (the first sighting), then those known only from a response (of a known tensor):
+    # ps-lite echoes the request's flags, customer and timestamp in its response, which travels the other way
+    unique: dict[tuple, int] = {}
+    made: list[tuple[int, bool]] = []
+    for row in requests.tolist():
+        if unique.setdefault(request_of(row), len(made)) == len(made):
+            made.append((row, False))
+    asked = {request[:5] for request in unique}
+    for row in responses.tolist():
+        if rows["key"][row] >= 0 and (made_by := exchange(row, answer=True)) not in asked:
+            asked.add(made_by)
+            unique[request_of(row, answer=True)] = len(made)
+            made.append((row, True))
+    source = np.array([row for row, _ in made], dtype=np.int64)
+    answer = np.array([flipped for _, flipped in made], dtype=bool)
+    rounds = _rounds({"sender": np.where(answer, recver[source], sender[source]),
+                      "recver": np.where(answer, sender[source], recver[source]),
+                      **{name: frame[name][source] for name in ("stamp", "key", "push", "pull", "dense")}})
+    iteration = np.zeros(len(data), dtype=np.int64)
+    known = np.zeros(len(data), dtype=bool)
+    for row in requests.tolist():
+        iteration[row], known[row] = rounds[unique[request_of(row)]], True
+    first_of_exchange: dict[tuple, int] = {}
+    for request, number in unique.items():
+        first_of_exchange.setdefault(request[:5], number)
+    for row in responses.tolist():
+        number = first_of_exchange.get(exchange(row, answer=True))
+        if number is not None:
+            iteration[row], known[row] = rounds[number], True
+    return pa.array(iteration, mask=~known)
 
 
-def _exchange_frame(messages: pd.DataFrame) -> pd.DataFrame:
-    """What message_iterations reads, as plain int64 and bool (-1 for a missing number), on a fresh index."""
+def _exchange_columns(messages: Mapping) -> dict[str, np.ndarray]:
+    """What message_iterations reads, as plain int64 and bool (-1 for a missing number)."""
+    def column(name: str) -> pa.Array:
+        values = messages[name]
+        if isinstance(values, pa.ChunkedArray):
+            return values.combine_chunks()
+        return values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
+
     def number(name: str) -> np.ndarray:
-        return pd.Series(messages[name]).astype("Float64").fillna(-1).to_numpy(np.int64)
+        return pc.fill_null(pc.cast(column(name), pa.int64()), -1).to_numpy(zero_copy_only=False)
 
     def flag(name: str) -> np.ndarray:
-        return pd.Series(messages[name]).astype("boolean").fillna(False).to_numpy(bool)
+        return pc.fill_null(pc.cast(column(name), pa.bool_()), False).to_numpy(zero_copy_only=False)
 
     push = flag("push")
     # ps-lite without the pull field (and BytePS) marks a pull as "not a push"
     pull = flag("pull") | ~push
-    return pd.DataFrame({
+    req_type = pc.cast(column("req_type"), pa.string())
+    return {
         "sender": number("sender_id"), "recver": number("recver_id"), "customer": number("customer_id"),
         "app": number("app_id"), "stamp": number("ps_timestamp"), "key": number("tensor_key"),
         "request": flag("request"), "push": push, "pull": pull,
-        "data": pd.Series(messages["control_cmd"]).isna().to_numpy(bool) & ~flag("simple_app"),
-        "dense": pd.Series(messages["req_type"]).astype(object).to_numpy(object) != "row_sparse",
-    })
+        "data": pc.is_null(column("control_cmd")).to_numpy(zero_copy_only=False) & ~flag("simple_app"),
+        "dense": pc.fill_null(pc.not_equal(req_type, "row_sparse"), True).to_numpy(zero_copy_only=False),
+    }
 
 
-def _is_worker(ids: pd.Series) -> np.ndarray:
-    return ((ids >= 8) & (ids % 2 == 1)).to_numpy(bool)       # ps-lite: worker rank r = 9 + 2r
+def _is_worker(ids: np.ndarray) -> np.ndarray:
+    return (ids >= 8) & (ids % 2 == 1)       # ps-lite: worker rank r = 9 + 2r
 
 
-def _is_server(ids: pd.Series) -> np.ndarray:
-    return ((ids >= 8) & (ids % 2 == 0)).to_numpy(bool)       # server rank r = 8 + 2r
+def _is_server(ids: np.ndarray) -> np.ndarray:
+    return (ids >= 8) & (ids % 2 == 0)       # server rank r = 8 + 2r
 
 
-def _rounds(requests: pd.DataFrame) -> np.ndarray:
-    """Iteration of each request (one row per request, see message_iterations), in the frame's order."""
-    order = np.lexsort([requests[name].to_numpy() for name in ("stamp", "key", "recver", "sender")])
-    sender, recver, key = (requests[name].to_numpy()[order] for name in ("sender", "recver", "key"))
+def _rounds(requests: dict[str, np.ndarray]) -> np.ndarray:
+    """Iteration of each request (one row per request, see message_iterations), in their order."""
+    order = np.lexsort([requests[name] for name in ("stamp", "key", "recver", "sender")])
+    sender, recver, key = (requests[name][order] for name in ("sender", "recver", "key"))
     starts = np.ones(len(order), dtype=bool)
     starts[1:] = (sender[1:] != sender[:-1]) | (recver[1:] != recver[:-1]) | (key[1:] != key[:-1])
-    push, pull = requests["push"].to_numpy(bool)[order], requests["pull"].to_numpy(bool)[order]
+    push, pull = requests["push"][order], requests["pull"][order]
     fused = push & pull
     is_push, is_pull = push.astype(np.int64), (~push).astype(np.int64)
     pushes = cumsum_within(is_push, starts)
@@ -350,7 +387,7 @@ def _rounds(requests: pd.DataFrame) -> np.ndarray:
     np.maximum.at(has_init, channel, init_push.astype(np.int64))
     np.maximum.at(has_fused, channel, fused.astype(np.int64))
     round_ = np.maximum(pushes - has_init[channel] - 1, INIT_ITERATION)
-    dense = requests["dense"].to_numpy(bool)[order]
+    dense = requests["dense"][order]
     broadcast = (is_pull == 1) & (pulls_before == 0) & (has_fused[channel] == 1) & dense & (round_ <= 0)
     iteration = np.empty(len(order), dtype=np.int64)
     iteration[order] = np.where(broadcast, INIT_ITERATION, round_)

@@ -3,72 +3,82 @@ is party to every message it sends or receives) or, failing one, its peers'. The
 and the DLC records (analysis.operations) read a node's sends and receipts where it saw them itself."""
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+import collections
+from typing import Mapping, Sequence
 
+import numpy as np
+import pyarrow.compute as pc
+
+from dlcsniff.decoders.column_values import column_values
 from dlcsniff.decoders.protocols.pslite.decoder import SCHEDULER_ID
 
 
-def node_hosts(node_ids: pd.Series, nodes: pd.DataFrame) -> pd.Series:
+def _ids(column) -> list[int | None]:
+    return [None if value is None else int(value) for value in column_values(column)]
+
+
+def node_hosts(node_ids: Sequence[int | None], nodes: Mapping) -> list[str | None]:
     """The host of each node id: its address in the nodes table (nodes.parquet: node_id, hostname), so that
     nodes on one host share it; a node the table does not list is a host of its own ("#<id>")."""
-    hostname = nodes.drop_duplicates("node_id").set_index("node_id")["hostname"]
-    ids = node_ids.astype("Int64")
-    known = hostname.reindex(ids.fillna(-1).to_numpy(np.int64)).to_numpy(object)
-    own = "#" + ids.astype(str)
-    return pd.Series(np.where(pd.isna(known), own.to_numpy(object), known), index=node_ids.index,
-                     dtype=object).where(ids.notna())
+    hostname: dict[int, str | None] = {}
+    for node_id, host in zip(_ids(nodes["node_id"]), column_values(nodes["hostname"])):
+        hostname.setdefault(node_id, host)
+    return [None if node_id is None else f"#{node_id}" if hostname.get(node_id) is None else hostname[node_id]
+            for node_id in node_ids]
 
 
-def vantage_points(messages: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
-    """(node_id, capture, own): the captures each node's records come from.
+def vantage_points(messages: Mapping, nodes: Mapping) -> dict[str, np.ndarray]:
+    """(node_id, capture, own): the captures each node's records come from, by node id and capture (columns by
+    name, of ps-lite's messages: capture, sender_id, recver_id).
 
     A capture is the own capture of the nodes of one host (`node_hosts`: one node, or the server and worker
     BytePS usually runs side by side) when that host's nodes are the sender or receiver of every ps-lite
     message in it and no other host's are (a message whose sender the decoder could not name counts against
     every host); a node with an own capture is seen only through it, a node without through every capture it
     is party to (its peers')."""
-    capture = messages["capture"].astype("category")
-    sender = messages["sender_id"].astype("Int64")
-    recver = messages["recver_id"].astype("Int64")
+    capture = [str(name) for name in column_values(messages["capture"])]
+    sender, recver = _ids(messages["sender_id"]), _ids(messages["recver_id"])
     sender_host, recver_host = node_hosts(sender, nodes), node_hosts(recver, nodes)
-    party = pd.DataFrame({"capture": pd.concat([capture, capture], ignore_index=True),
-                          "node_id": pd.concat([sender, recver], ignore_index=True),
-                          "host": pd.concat([sender_host, recver_host], ignore_index=True),
-                          # a message within one host (a node's to itself, a server's to its worker) counts once
-                          "counted": np.concatenate([np.ones(len(messages), bool),
-                                                     (recver_host != sender_host).fillna(True).to_numpy(bool)])
-                          }).dropna(subset=["node_id"])
-    counts = party[party["counted"]].groupby(["capture", "host"], observed=True).size().rename("messages")
-    counts = counts.reset_index()
-    per_capture = capture.value_counts()
-    counts["in_all"] = counts["messages"].to_numpy() == per_capture.reindex(counts["capture"]).to_numpy()
-    candidates = counts.groupby("capture", observed=True)["in_all"].transform("sum")
-    counts["own"] = counts["in_all"] & candidates.eq(1)
-    seen = party.drop_duplicates(["capture", "node_id"]).merge(counts[["capture", "host", "own"]],
-                                                                on=["capture", "host"])
-    has_own = seen.groupby("node_id")["own"].transform("any")
-    chosen = seen[seen["own"] | ~has_own].sort_values(["node_id", "capture"])
-    return pd.DataFrame({"node_id": chosen["node_id"].astype(np.int64).to_numpy(),
-                         "capture": chosen["capture"].astype(str).to_numpy(),
-                         "own": chosen["own"].to_numpy(bool)})
+    # a message within one host (a node's to itself, a server's to its worker) counts once
+    party = [(c, node, host, True) for c, node, host in zip(capture, sender, sender_host)] + [
+        (c, node, host, host is None or other is None or host != other)
+        for c, node, host, other in zip(capture, recver, recver_host, sender_host)]
+    party = [row for row in party if row[1] is not None]
+    counts = collections.Counter((c, host) for c, _, host, counted in party if counted and host is not None)
+    per_capture = collections.Counter(capture)
+    in_all = {key for key, n in counts.items() if n == per_capture[key[0]]}
+    candidates = collections.Counter(c for c, _ in in_all)
+    own = {key for key in in_all if candidates[key[0]] == 1}
+    seen: dict[tuple, bool] = {}
+    for c, node, host, _ in party:
+        if (c, node) not in seen and (c, host) in counts:
+            seen[c, node] = (c, host) in own
+    has_own = {node for (_, node), is_own in seen.items() if is_own}
+    chosen = sorted((node, c, is_own) for (c, node), is_own in seen.items() if is_own or node not in has_own)
+    return {"node_id": np.array([node for node, _, _ in chosen], dtype=np.int64),
+            "capture": np.array([c for _, c, _ in chosen], dtype=object),
+            "own": np.array([is_own for _, _, is_own in chosen], dtype=bool)}
 
 
-
-def message_sides(obs: pd.DataFrame, messages: pd.DataFrame, nodes: pd.DataFrame
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def message_sides(obs: Mapping, messages, nodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The timeline's hook (decoders.protocols.job_step): which of the observations `obs` (the job's messages, one
-    row per capture that saw each) are ps-lite's, and of those which are their sender's and their receiver's
-    own capture (`vantage_points`)."""
-    mine = (obs["protocol"] == "pslite").to_numpy(bool)
-    own = vantage_points(messages[(messages["protocol"] == "pslite").to_numpy(bool)], nodes)
-    own = own[own["own"]]
-    own_keys = pd.MultiIndex.from_arrays([own["node_id"].to_numpy(np.int64), own["capture"].to_numpy(object)])
-    sides = [pd.MultiIndex.from_arrays([obs[node].fillna(-1).to_numpy(np.int64), obs["capture"].to_numpy(object)]
-                                       ).isin(own_keys) for node in ("sender_id", "recver_id")]
+    row per capture that saw each; columns by name) are ps-lite's, and of those which are their sender's and their
+    receiver's own capture (`vantage_points`). `messages`, `nodes`: the decode tables (pyarrow)."""
+    mine = np.array([protocol == "pslite" for protocol in column_values(obs["protocol"])], dtype=bool)
+    pslite = messages.filter(pc.fill_null(pc.equal(messages["protocol"], "pslite"), False))
+    own = vantage_points(pslite, nodes)
+    own_keys = {(node, capture) for node, capture, is_own in zip(own["node_id"].tolist(), own["capture"].tolist(),
+                                                                 own["own"].tolist()) if is_own}
+    captures = column_values(obs["capture"])
+    sides = [np.array([(-1 if node is None else node, capture) in own_keys
+                       for node, capture in zip(_ids(obs[name]), captures)], dtype=bool)
+             for name in ("sender_id", "recver_id")]
     return mine, *sides
 
 
-def reference_captures(sent: pd.DataFrame) -> pd.Series:
+def reference_captures(sent: Mapping) -> list[str]:
     """The timeline's hook: the captures of the scheduler's own messages (the job's reference clock)."""
-    return sent.loc[(sent["protocol"] == "pslite") & (sent["sender_id"] == SCHEDULER_ID), "capture"]
+    return [capture for capture, protocol, sender in zip(column_values(sent["capture"]),
+                                                         column_values(sent["protocol"]),
+                                                         _ids(sent["sender_id"]))
+            if protocol == "pslite" and sender == SCHEDULER_ID]

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pyarrow.compute as pc
+
 from dlcsniff.decoders.protocols.roce.decoder import ROCE_V2_UDP_PORT, unverified_warning
 
 if TYPE_CHECKING:
-    import pandas as pd
     import pyarrow as pa
 
 COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "naks", "lost_packets")
 
 
-def summary(streams: pd.DataFrame, tables: dict[str, pa.Table]) -> dict:
-    roce = streams[streams["protocol"] == "roce"]
-    return {"roce": {name: int(roce[name].sum()) for name in COUNTERS} if len(roce) else {}}
+def summary(streams: pa.Table, tables: dict[str, pa.Table]) -> dict:
+    roce = streams.filter(pc.fill_null(pc.equal(streams["protocol"], "roce"), False))
+    return {"roce": {name: int(pc.sum(roce[name]).as_py() or 0) for name in COUNTERS} if len(roce) else {}}
 
 
 def says(summary: dict) -> dict[str, str]:

@@ -2,24 +2,22 @@
 framing again, its messages and commands as the captures saw them (a message seen at both ends: twice)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
+import pyarrow as pa
+import pyarrow.compute as pc
 
 # the streams ZMTP frames: those ps-lite claimed and the other ZMTP ones
 ZMTP_STREAMS = ("pslite", "zmtp")
 
 
-def summary(streams: pd.DataFrame, tables: dict[str, pa.Table]) -> dict:
-    tcp = streams[streams["syn_seen"].notna()]
-    zmtp = tables["zmtp"].select(["command"]).to_pandas()
+def summary(streams: pa.Table, tables: dict[str, pa.Table]) -> dict:
+    framed = pc.and_(pc.is_valid(streams["syn_seen"]),
+                     pc.is_in(streams["protocol"], value_set=pa.array(ZMTP_STREAMS, pa.string())))
+    command = tables["zmtp"]["command"]
     return {
         # every protocol's: losses_by_protocol
-        "zmtp_lost_bytes": int(tcp.loc[tcp["protocol"].isin(ZMTP_STREAMS), "lost_bytes"].sum()),
-        "zmtp_messages": int(zmtp["command"].isna().sum()),
-        "zmtp_commands": int(zmtp["command"].notna().sum()),
+        "zmtp_lost_bytes": int(pc.sum(streams.filter(framed)["lost_bytes"]).as_py() or 0),
+        "zmtp_messages": command.null_count,
+        "zmtp_commands": len(command) - command.null_count,
     }
 
 
