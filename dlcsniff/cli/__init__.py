@@ -8,6 +8,7 @@ from dlcsniff.cli import simulate  # noqa: F401
 from dlcsniff.cli import wireshark  # noqa: F401
 from dlcsniff.cli import capture  # noqa: F401
 from dlcsniff.cli import schema  # noqa: F401
+from dlcsniff.cli import app as app_module
 from dlcsniff.cli.app import app
 
 __all__ = ["app", "main"]
@@ -24,13 +25,15 @@ GC_THRESHOLDS = (100_000, 50, 100)
 def main(argv: list[str] | None = None) -> None:
     """The `dlcsniff` program: `app`, with -q / -v accepted after the command name too (`dlcsniff decode ...
     -q`), where users put them, as well as before it, where they belong to the whole program. Run as the program
-    (no `argv`), it collects garbage by GC_THRESHOLDS and leaves without the interpreter's teardown (`_leave`);
-    called with `argv` (tests, other programs), it changes neither."""
+    (no `argv`), it collects garbage by GC_THRESHOLDS, says so (`app.AS_PROGRAM`: decode then keeps pandas out
+    of the process) and leaves without the interpreter's teardown (`_leave`); called with `argv` (tests, other
+    programs), it changes none of these."""
     import gc
     import sys
 
     if argv is None:
         gc.set_threshold(*GC_THRESHOLDS)
+        app_module.AS_PROGRAM = True
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     moved = [arg for arg in args[:end] if arg in VERBOSITY_FLAGS]

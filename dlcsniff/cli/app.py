@@ -23,6 +23,10 @@ from typer.core import TyperCommand, TyperGroup
 from dlcsniff import __version__
 from dlcsniff.cli.coercion import use_plain_coercion
 
+# True when dlcsniff runs as the program (dlcsniff.cli.main without argv), False when a caller runs the app in its
+# own process (tests, other programs): what only a process of its own may change (decode keeping pandas out of
+# it, decoders.arrow_without_pandas) looks here.
+AS_PROGRAM = False
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = ("Exit codes: 0 done; 1 the command refused or failed (a bad or undecodable capture, a missing input, "
               "an output in the way, options that do not go together); 2 the command line cannot be read (an "

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dlcsniff.cli import app as app_module
 from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err, fail, out,
                               step, took, warn)
 
@@ -62,7 +63,8 @@ def decode(
         from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
-    if engine == "pandas":      # this process's decoders hand pyarrow no pandas object (Dask's do)
+    if engine == "pandas" and app_module.AS_PROGRAM:
+        # the program's own process, whose decoders hand pyarrow no pandas object (Dask's do; a caller's may)
         from dlcsniff.decoders.arrow_without_pandas import skip_pandas
         skip_pandas()
     try:

@@ -20,8 +20,8 @@ RUN = """
 import atexit, json, sys
 atexit.register(lambda: print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr))
 sys.argv = ["dlcsniff", *json.loads(sys.argv[1])]
-from dlcsniff.cli import app
-app(prog_name="dlcsniff")
+from dlcsniff.cli import main
+main()
 """
 
 
