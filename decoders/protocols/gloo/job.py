@@ -75,14 +75,11 @@ def resolve_job(job: JobColumns) -> None:
     space_rows: dict[str, list[dict]] = {}
     for row, capture in enumerate(space.get("capture", ())):
         space_rows.setdefault(capture, []).append({name: values[row] for name, values in space.items()})
-    columns: dict[str, list] = {}
+    built: list[dict] = []
     for capture, rows in gloo_rows.items():
         frame = pd.DataFrame({name: [values[row] for row in rows] for name, values in messages.items()
                               if name != "capture"})
-        for values in frame_rows(capture_collectives(frame, space_rows.get(capture, []))):
-            values["capture"] = capture
-            for name in values.keys() - columns.keys():
-                columns[name] = [None] * len(next(iter(columns.values()), ()))
-            for name, column in columns.items():
-                column.append(values.get(name))
-    job.collectives.append(columns)
+        built += [{**values, "capture": capture}
+                  for values in frame_rows(capture_collectives(frame, space_rows.get(capture, [])))]
+    names = dict.fromkeys(name for values in built for name in values)
+    job.collectives.append({name: [values.get(name) for values in built] for name in names})
