@@ -133,7 +133,8 @@ class _Barrier(enum.Enum):
 
 
 class _ChunkQueue:
-    """Undecoded input in stream order: captured chunks (memoryviews, never copied) and gap markers.
+    """Undecoded input in stream order: captured chunks (memoryviews, copied only when the decoder waits for
+    more: `own`) and gap markers.
 
     Each item is [view, size, ts_ns]; view None marks `size` bytes the capture did not record: lost
     (never seen) or cut (seen, cut short by the snaplen), told apart by the item's fourth element.
@@ -156,6 +157,12 @@ class _ChunkQueue:
     def push_gap(self, size: int, ts_ns: int, lost: bool) -> None:
         self._items.append([None, size, ts_ns, lost])
         self._gaps += 1
+
+    def own(self) -> None:
+        """Copy the queued chunks out of the buffers they view: a view keeps its whole read buffer alive."""
+        for item in self._items:
+            if item[0].__class__ is memoryview:
+                item[0] = bytes(item[0])
 
     def gap_lost(self) -> bool:
         """Is the gap at the current position bytes the capture never saw (not a snaplen cut)?"""
@@ -416,10 +423,22 @@ class ZmtpDecoder:
         while not events:
             try:
                 if self._steps[self._state]() is NEED_DATA:
+                    self._own_waiting_bytes()
                     return NEED_DATA
             except DecodeError as exc:
                 self._lose_sync(str(exc), self._frame_offset)
         return events.popleft()
+
+    def _own_waiting_bytes(self) -> None:
+        """Waiting for more input, keep no view of the input given so far: the capture reader's buffers (a few
+        MB each) would stay alive as long as any stream waits inside a message that began in them."""
+        self._queue.own()
+        pieces = self._frame_pieces
+        if pieces and (len(pieces) > 1 or pieces[0].__class__ is memoryview):
+            self._frame_pieces = [b"".join(pieces)]
+        bodies = self._msg_bodies
+        if bodies:
+            self._msg_bodies = [bytes(body) if body.__class__ is memoryview else body for body in bodies]
 
     # -- greeting -------------------------------------------------------------------------------
 
