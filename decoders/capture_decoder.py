@@ -186,10 +186,10 @@ class CaptureDecoder:
             return d.owner.skippable_bytes(stream_id)
         return UNLIMITED_SKIP_BYTES if d.decided else 0
 
-    def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
+    def skip_bytes(self, stream_id: int, size: int, ts_ns: int, cut: int) -> None:
         owner = self.directions[stream_id].owner
         if owner is not None:
-            owner.skip(stream_id, size, ts_ns)
+            owner.skip(stream_id, size, ts_ns, cut)
 
     def _decide(self, d: _Direction, *, final: bool) -> None:
         prefix = b"".join(chunk for chunk, _ in d.held[d.prefix_from:])[:PREFIX_BYTES]

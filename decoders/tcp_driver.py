@@ -74,8 +74,9 @@ class StreamConsumer(Protocol):
     def skippable_bytes(self, stream_id: int) -> int:
         """How many of the stream's next bytes the consumer can account for without seeing them."""
 
-    def skip_bytes(self, stream_id: int, size: int, ts_ns: int) -> None:
-        """Account for `size` bytes (at most skippable_bytes), the last of them captured at ts_ns."""
+    def skip_bytes(self, stream_id: int, size: int, ts_ns: int, cut: int) -> None:
+        """Account for `size` bytes (at most skippable_bytes), the last of them captured at ts_ns, of which the
+        snaplen cut `cut` (the per-packet path shows those as StreamGap(lost=False))."""
 
     # Optional: stream ids whose bytes the consumer let pass unseen (skippable) and wants to see again from
     # the next packet on; the driver clears it once it has acted on it.
@@ -511,7 +512,7 @@ class _Batch:
                     size += len(events[end].data)
                     end += 1
                 if end - k > 1 and size <= consumer.skippable_bytes(stream_id):
-                    consumer.skip_bytes(stream_id, size, events[end - 1].ts_ns)
+                    consumer.skip_bytes(stream_id, size, events[end - 1].ts_ns, 0)
                     k = end
                     continue
             for event in events[k:end]:
@@ -739,7 +740,8 @@ class _Batch:
         size = cum[end] - cum[flow.shown]
         if size:
             last = bisect_left(cum, cum[end], flow.shown) - 1         # the last of them with payload
-            self.consumer.skip_bytes(flow.stream.stream_id, size, int(self.ts_ns[flow.packets[last]]))
+            cut = size - (flow.cum_captured[end] - flow.cum_captured[flow.shown])
+            self.consumer.skip_bytes(flow.stream.stream_id, size, int(self.ts_ns[flow.packets[last]]), cut)
         flow.shown = end
 
     def _touch(self, flow: _Flow, index: int) -> None:

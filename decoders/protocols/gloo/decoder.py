@@ -176,6 +176,13 @@ class GlooCaptureDecoder(ProtocolDecoderBase):
             connection.end(ts_ns)
         self._take_exchanges(connection)
 
+    def skippable_bytes(self, stream_id: int) -> int:
+        stream = self._gloo.get(stream_id)
+        return 0 if stream is None else stream.decoder.skippable_bytes()
+
+    def skip(self, stream_id: int, size: int, ts_ns: int, cut: int) -> None:
+        self._gloo[stream_id].decoder.skip(size, ts_ns, cut)
+
     def end_of_capture(self) -> None:
         self._emit_rows(self._rows())
 

@@ -235,6 +235,18 @@ class GlooStreamDecoder:
     def next_event(self) -> GlooEvent | Sentinel:
         return self._events.popleft() if self._events else NEED_DATA
 
+    def skippable_bytes(self) -> int:
+        """How many of the stream's next bytes `skip` may account for unseen: the rest of a message's payload
+        (never kept) but its last byte, which ends the message."""
+        return self._remaining - 1 if self._state is _State.PAYLOAD and self._remaining > 1 else 0
+
+    def skip(self, size: int, ts_ns: int, cut: int) -> None:
+        """Account for `size` payload bytes (at most skippable_bytes()), `cut` of them cut by the snaplen, exactly
+        as receive_data of the captured ones and receive_gap(lost=False) of the cut ones would."""
+        self._remaining -= size
+        self.offset += size
+        self._missing += cut
+
     # -- states -----------------------------------------------------------------------------------
     def _read_sequence(self, view: memoryview, pos: int, ts_ns: int, events: deque) -> int:
         taken = min(CONNECT_SEQUENCE.size - len(self._header), len(view) - pos)

@@ -603,7 +603,7 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     def receive_data(self, stream_id: int, data: memoryview, ts_ns: int) -> None:
         st = self._streams[stream_id]
         if data and len(data) <= self.skippable_bytes(stream_id):
-            self.skip(stream_id, len(data), ts_ns)      # inside a body not kept (bytes drained after a hole): counted
+            self.skip(stream_id, len(data), ts_ns, 0)   # inside a body not kept (bytes drained after a hole): counted
             return
         for zmtp in _readings(st):
             zmtp.receive_data(data, ts_ns)
@@ -624,7 +624,8 @@ class PsliteCaptureDecoder(ProtocolDecoderBase):
     def skippable_bytes(self, stream_id: int) -> int:
         return min(zmtp.skippable_bytes() for zmtp in _readings(self._streams[stream_id]))
 
-    def skip(self, stream_id: int, size: int, ts_ns: int) -> None:
+    def skip(self, stream_id: int, size: int, ts_ns: int, cut: int) -> None:
+        # (cut bytes inside a body not kept are nothing lost, as the StreamGap(lost=False) they stand for)
         for zmtp in _readings(self._streams[stream_id]):
             zmtp.skip(size, ts_ns)
 
