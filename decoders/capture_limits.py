@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.compute as pc
 
+from dlcsniff.decoders.arrow_numpy import filled, valid
 from dlcsniff.decoders.losses import messages_affected, protocol_losses, says_losses, uncounted_messages_lost
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ KEEP_UP = ("give the capture tool a larger buffer (tcpdump -B KiB, dumpcap -B Mi
 def capture_limits(captures: list[dict], streams: pa.Table, events: pa.Table) -> tuple[list[dict], list[str]]:
     """(the limits found, as summary entries; their warnings). `captures`: the decode summary's (their files'
     snaplen and dropped); `streams`, `events`: the job's tables (see decoders.losses.protocol_losses)."""
-    tcp = pc.is_valid(streams["syn_seen"]).to_numpy()        # TCP directions (RoCE streams have no handshake)
+    tcp = valid(streams["syn_seen"])        # TCP directions (RoCE streams have no handshake)
     found: list[dict] = []
     warnings: list[str] = []
     for limit in (_snaplen(captures, streams, events, tcp), _holes(streams, events, tcp),
@@ -62,7 +62,7 @@ def _count(n: int, thing: str) -> str:
 
 def _numbers(streams: pa.Table, name: str) -> np.ndarray:
     """A column of counts (null: 0)."""
-    return pc.fill_null(streams[name], 0).to_numpy().astype(np.int64)
+    return filled(streams[name], 0).astype(np.int64)
 
 
 def _captures(streams: pa.Table) -> np.ndarray:

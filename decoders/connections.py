@@ -6,16 +6,14 @@ from __future__ import annotations
 from typing import Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 
-def _text(column) -> pa.Array:
-    """A column of addresses or numbers as text (null stays null); numbers as integers, however they are held
+def _text(column) -> list[str | None]:
+    """A column of addresses or numbers as text (None stays None); numbers as integers, however they are held
     (a DataFrame holds an integer column with nulls as float)."""
     array = pa.array(column, from_pandas=True) if not isinstance(column, (pa.Array, pa.ChunkedArray)) else column
-    if pa.types.is_floating(array.type) or pa.types.is_integer(array.type) or pa.types.is_null(array.type):
-        array = pc.cast(array, pa.int64())
-    return pc.cast(array, pa.string())
+    numbers = pa.types.is_floating(array.type) or pa.types.is_integer(array.type)
+    return [None if value is None else str(int(value)) if numbers else str(value) for value in array.to_pylist()]
 
 
 def connection_names(streams: Mapping) -> pa.Array:
@@ -24,18 +22,12 @@ def connection_names(streams: Mapping) -> pa.Array:
     or port it needs is. `streams`: its columns by name (a pyarrow Table, a DataFrame or a dict of lists)."""
     src_ip, src_port, dst_ip, dst_port = (_text(streams[name]) for name in ("src_ip", "src_port", "dst_ip",
                                                                              "dst_port"))
-    tcp = pc.binary_join_element_wise(src_ip, ":", src_port, ">", dst_ip, ":", dst_port, "")
-    if "dest_qp" not in _names(streams):
-        return _array(tcp)
-    dest_qp = _text(streams["dest_qp"])
-    qp = pc.binary_join_element_wise(src_ip, ">", dst_ip, "#qp", dest_qp, "")
-    by_ports = pc.or_(pc.is_valid(src_port), pc.is_null(dest_qp))
-    return _array(pc.if_else(by_ports, tcp, qp))
+    dest_qp = _text(streams["dest_qp"]) if "dest_qp" in _names(streams) else [None] * len(src_ip)
+    names = [(f"{src}:{sport}>{dst}:{dport}" if None not in (src, sport, dst, dport) else None)
+             if sport is not None or qp is None else (f"{src}>{dst}#qp{qp}" if None not in (src, dst) else None)
+             for src, sport, dst, dport, qp in zip(src_ip, src_port, dst_ip, dst_port, dest_qp)]
+    return pa.array(names, pa.string())
 
 
 def _names(streams: Mapping) -> list[str]:
     return list(streams.column_names) if isinstance(streams, pa.Table) else list(streams.keys())
-
-
-def _array(values) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values

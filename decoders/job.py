@@ -197,6 +197,7 @@ def with_job_view(dataset: DecodedJob) -> DecodedJob:
     what the summary says from it: the job's messages once, each protocol's losses, the capture limits."""
     import pyarrow as pa
 
+    from dlcsniff.decoders.arrow_numpy import as_arrow
     from dlcsniff.decoders.capture_limits import capture_limits
     from dlcsniff.decoders.job_summary import message_counts
     from dlcsniff.decoders.losses import protocol_losses
@@ -207,8 +208,8 @@ def with_job_view(dataset: DecodedJob) -> DecodedJob:
     view = job_timeline(tables["messages"], streams, tables["nodes"])
     if view.message_events is not None:      # each sighting names its message
         column = tables["messages"].schema.get_field_index("event_id")
-        tables["messages"] = tables["messages"].set_column(column, "event_id", pa.array(view.message_events,
-                                                                                         type=pa.int64()))
+        tables["messages"] = tables["messages"].set_column(column, "event_id",
+                                                           as_arrow(view.message_events, pa.int64()))
     limits, warnings = capture_limits(dataset.summary["captures"], streams, view.events)
     dataset.summary.update(message_counts(view.events))
     dataset.summary.update(losses_by_protocol=protocol_losses(streams, view.events), capture_limits=limits)

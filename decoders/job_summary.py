@@ -6,24 +6,31 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import numpy as np
 
+from dlcsniff.decoders.arrow_numpy import filled, valid
 from dlcsniff.decoders.protocols import job_hooks
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from dlcsniff.decoders.capture_decoder import CaptureResult
 
 TOP_PORTS = 5
 
 
-def _true(mask) -> int:
-    """How many of a pyarrow boolean column are true (null: not)."""
-    return int(pc.sum(pc.cast(pc.fill_null(mask, False), pa.int64())).as_py() or 0)
+def _true(mask: np.ndarray) -> int:
+    """How many rows are marked."""
+    return int(np.count_nonzero(mask))
 
 
-def _total(table: pa.Table, name: str) -> int:
-    return int(pc.sum(table[name]).as_py() or 0)
+def _total(table: pa.Table, name: str, rows: np.ndarray) -> int:
+    """The sum of a column of counts over the rows marked (null: 0)."""
+    return int(filled(table[name], 0)[rows].astype(np.int64).sum())
+
+
+def _protocols(table: pa.Table) -> np.ndarray:
+    return np.array(table["protocol"].to_pylist(), dtype=object)
 
 
 def _counts(*columns) -> dict:
@@ -34,14 +41,16 @@ def _counts(*columns) -> dict:
     return {(values if len(columns) > 1 else values[0]): n for values, n in sorted(found.items())}
 
 
-def _unclaimed(results: list[CaptureResult], tcp: pa.Table) -> dict:
+def _unclaimed(results: list[CaptureResult], streams: pa.Table, tcp: np.ndarray) -> dict:
     """What no protocol decoder claimed: TCP connections and UDP datagrams by service port (the lower port),
-    the busiest first, and packets that are neither (non-IP, ICMP...)."""
-    plain = tcp.filter(pc.fill_null(pc.equal(tcp["protocol"], "tcp"), False))
+    the busiest first, and packets that are neither (non-IP, ICMP...). `tcp`: which streams are TCP
+    directions."""
+    plain = tcp & (_protocols(streams) == "tcp")
     connections: set = set()
     tcp_ports: dict[int, int] = {}
-    for capture, src, src_port, dst, dst_port in zip(*(plain[name].to_pylist() for name in (
-            "capture", "src_ip", "src_port", "dst_ip", "dst_port"))):
+    for capture, src, src_port, dst, dst_port in zip(*(np.array(streams[name].to_pylist(), dtype=object)[plain]
+                                                       for name in ("capture", "src_ip", "src_port", "dst_ip",
+                                                                    "dst_port"))):
         ends = tuple(sorted(((src, src_port), (dst, dst_port))))
         if (capture, ends) not in connections:
             connections.add((capture, ends))
@@ -59,7 +68,7 @@ def _unclaimed(results: list[CaptureResult], tcp: pa.Table) -> dict:
             other += packets
     return {
         "tcp_connections": len(connections),
-        "tcp_bytes": _total(plain, "bytes"),
+        "tcp_bytes": _total(streams, "bytes", plain),
         # the busiest first, the lower port first among equals
         "tcp_ports": dict(sorted(tcp_ports.items(), key=lambda item: (-item[1], item[0]))[:TOP_PORTS]),
         "udp_datagrams": sum(udp.values()),
@@ -72,7 +81,7 @@ def job_summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> di
     """The summary of the captures' results and the job's tables (decoders.job.build_dataset), each protocol's
     counters (its `summary` hook) among them."""
     streams = tables["streams"]
-    tcp = streams.filter(pc.is_valid(streams["syn_seen"]))      # TCP directions (RoCE rows have no handshake)
+    tcp = valid(streams["syn_seen"])      # TCP directions (RoCE rows have no handshake)
     protocols = tables["messages"]["protocol"]
     collectives = tables["collectives"]
     # rows of a protocol's own table (ZMTP's messages and commands, ps-lite's nodes...)
@@ -88,14 +97,16 @@ def job_summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> di
         "packets": sum(r.packets for r in results),
         "packets_decoded": sum(r.packets_decoded for r in results),
         "flows_by_protocol": _counts(streams["protocol"]),
-        "tcp_bytes": _total(tcp, "bytes"),
-        "missing_bytes": _total(tcp, "missing_bytes"),
-        "uncaptured_bytes": _total(tcp, "uncaptured_bytes"),
-        "retransmitted_bytes": _total(tcp, "retransmitted_bytes"),
-        "streams_with_holes": _true(pc.greater(tcp["missing_bytes"], 0)),
+        "tcp_bytes": _total(streams, "bytes", tcp),
+        "missing_bytes": _total(streams, "missing_bytes", tcp),
+        "uncaptured_bytes": _total(streams, "uncaptured_bytes", tcp),
+        "retransmitted_bytes": _total(streams, "retransmitted_bytes", tcp),
+        "streams_with_holes": _true(tcp & (filled(streams["missing_bytes"], 0) > 0)),
         # directions whose data began before the capture did (a reset answering a SYN carries none)
-        "midstream_streams": _true(pc.and_(pc.invert(tcp["syn_seen"]),
-                                           pc.greater(pc.add(tcp["bytes"], tcp["missing_bytes"]), 0))),
+        "midstream_streams": _true(tcp & ~filled(streams["syn_seen"], True) & valid(streams["bytes"])
+                                   & valid(streams["missing_bytes"])
+                                   & (filled(streams["bytes"], 0).astype(np.int64)
+                                      + filled(streams["missing_bytes"], 0) > 0)),
         # every capture's sighting of a message (a message seen at both ends: two); the job's messages once:
         # message_counts, from the timeline
         "observations": len(protocols),
@@ -103,10 +114,10 @@ def job_summary(results: list[CaptureResult], tables: dict[str, pa.Table]) -> di
         "collectives_by_kind": {f"{protocol}/{kind}": n for (protocol, kind), n in
                                 _counts(collectives["protocol"], collectives["kind"]).items()},
         "undecoded_messages": sum(r.counts.get("undecoded_messages", 0) for r in results),
-        "unclaimed": _unclaimed(results, tcp),
+        "unclaimed": _unclaimed(results, streams, tcp),
         # anything of a protocol dlcsniff decodes: flows or packets a decoder claimed, or messages
         "dl_traffic": bool(len(protocols) or own_rows
-                           or _true(pc.fill_null(pc.not_equal(streams["protocol"], "tcp"), True))),
+                           or _true(_protocols(streams) != "tcp")),
         "nodes": tables["nodes"].num_rows,
         "warnings": [w for r in results for w in r.warnings]
                     + [w for hook in job_hooks("warnings") for r in results for w in hook(r.capture, r.counts)],
@@ -121,8 +132,8 @@ def message_counts(events: pa.Table) -> dict:
     counts = {
         "messages": events.num_rows,
         "messages_by_protocol": _counts(events["protocol"]),
-        "incomplete_messages": _true(pc.invert(pc.fill_null(events["complete"], False))),
-        "control_messages": _true(pc.is_valid(events["control_cmd"])),
+        "incomplete_messages": _true(~filled(events["complete"], False)),
+        "control_messages": _true(valid(events["control_cmd"])),
     }
     for counters in job_hooks("event_summary"):
         counts.update(counters(events))

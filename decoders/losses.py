@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.compute as pc
 
+from dlcsniff.decoders.arrow_numpy import filled
 from dlcsniff.decoders.connections import connection_names
 from dlcsniff.decoders.protocols import loss_counters
 
@@ -46,7 +46,7 @@ def protocol_losses(streams: pa.Table, events: pa.Table,
     for column in EVENT_CAPTURES:
         event_touched |= np.fromiter(((capture, name) in on_touched for capture, name in
                                       zip(events[column].to_pylist(), event_connection)), bool, len(events))
-    complete = pc.fill_null(events["complete"], False).to_numpy(zero_copy_only=False).astype(bool)
+    complete = filled(events["complete"], False).astype(bool)
     incomplete: dict[str, int] = {}
     for protocol in np.array(events["protocol"].to_pylist(), dtype=object)[event_touched & ~complete]:
         if protocol is not None:
@@ -59,7 +59,7 @@ def protocol_losses(streams: pa.Table, events: pa.Table,
         for counter in counters:
             if not mine.any() or counter.column not in streams.column_names:
                 continue
-            values = pc.fill_null(streams[counter.column], 0).to_numpy().astype(np.int64)[mine]
+            values = filled(streams[counter.column], 0).astype(np.int64)[mine]
             if counter.messages:        # each connection once (a stream without a name counts in none)
                 most: dict[str, int] = {}
                 for name, value in zip(connection[mine], values.tolist()):

@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from dlcsniff.decoders import connections
+from dlcsniff.decoders.arrow_numpy import take, take_rows
 from dlcsniff.decoders.capture_hosts import capture_hosts
 from dlcsniff.decoders.clocks import aligned_ns, clock_table, estimate_clocks, linked_groups, unaligned_row
 from dlcsniff.decoders.protocols import job_hooks
@@ -100,9 +101,15 @@ def connection_names(streams: pd.DataFrame) -> pd.Series:
     return pd.Series(connections.connection_names(streams).to_pylist(), index=streams.index, dtype="str")
 
 
+def _typed(column: pa.ChunkedArray, data_type: pa.DataType) -> pa.ChunkedArray:
+    """The column as data_type; cast (pyarrow.compute, costly to import) only when it is of another."""
+    return column if column.type == data_type else column.cast(data_type)
+
+
 def _in_schema(table: pa.Table, names: Sequence[str], schema: pa.Schema) -> pa.Table:
-    """The named columns, each of its decode table's type (null where the table lacks one: an older output's)."""
-    arrays = [table[name].cast(schema.field(name).type) if name in table.column_names
+    """The named columns, each of its decode table's type (null where the table lacks one: an older output's).
+    A decode's own tables have their types already."""
+    arrays = [_typed(table[name], schema.field(name).type) if name in table.column_names
               else pa.nulls(table.num_rows, schema.field(name).type) for name in names]
     return pa.Table.from_arrays(arrays, names=list(names))
 
@@ -250,7 +257,9 @@ def _job_clocks(obs: dict[str, np.ndarray], events: dict[str, list], streams: pa
         tables.append(estimate_clocks({name: [values[i] for i in mine] for name, values in samples.items()}, job,
                                       _reference_capture(sent, job),
                                       {capture: span for capture, span in spans.items() if capture in members}))
-    return pa.concat_tables(tables).sort_by("capture")
+    clocks = pa.concat_tables(tables)
+    captures = clocks["capture"].to_pylist()
+    return take_rows(clocks, sorted(range(len(captures)), key=lambda row: (captures[row] is None, captures[row] or "")))
 
 
 def job_timeline(messages: pa.Table, streams: pa.Table, nodes: pa.Table) -> JobTimeline:
@@ -333,13 +342,14 @@ def job_timeline(messages: pa.Table, streams: pa.Table, nodes: pa.Table) -> JobT
     first_missing = np.array([value is None for value in events["ts_first_ns"]], dtype=bool)
     first_ns = np.array([0 if value is None else value for value in events["ts_first_ns"]], dtype=np.int64)
     in_time = np.lexsort([np.arange(n_events), first_ns, first_missing])
-    attributes = messages.select(list(ATTRIBUTES)).take(pa.array(obs["message_row"][source], type=pa.int64()))
+    in_time_rows = in_time.tolist()
+    taken_from = obs["message_row"][source][in_time]        # each event's fields come from this row of messages
     columns = {}
     for name, data_type in zip(EVENTS.schema.names, EVENTS.schema.types):
         if name in events:
-            columns[name] = pa.array(events[name], type=data_type).take(pa.array(in_time))
+            columns[name] = pa.array([events[name][row] for row in in_time_rows], type=data_type)
         else:
-            columns[name] = attributes[name].combine_chunks().cast(data_type).take(pa.array(in_time))
+            columns[name] = take(_typed(messages[name], data_type), taken_from)
     table = pa.Table.from_arrays(list(columns.values()), schema=EVENTS.schema)
     message_events = np.empty(messages.num_rows, dtype=np.int64)
     message_events[obs["message_row"]] = event_id

@@ -118,6 +118,7 @@ def decode(
 def _print_decode_summary(summary: dict, dataset) -> None:
     from rich.table import Table
 
+    from dlcsniff.decoders.arrow_numpy import take_rows
     from dlcsniff.decoders.losses import says_losses
     from dlcsniff.decoders.protocols import protocol_says, protocol_summary_tables
 
@@ -172,7 +173,7 @@ def _print_decode_summary(summary: dict, dataset) -> None:
     if summary["collectives_by_kind"]:
         out.print("collectives: " + ", ".join(f"{kind} {n:,}" for kind, n in summary["collectives_by_kind"].items()))
     # the job's messages once: each event's fields, from the observation it takes them from
-    once = dataset.tables["messages"].take(dataset.view.events["message_row"])
+    once = take_rows(dataset.tables["messages"], dataset.view.events["message_row"].to_numpy())
     for said in protocol_summary_tables(once):
         table = Table(title=said.title, title_justify="left")
         for name, left in said.columns:

@@ -15,10 +15,12 @@ import pytest
 from tests.conftest import PCAPS, REPO
 
 PYTHON = REPO / ".venv" / "bin" / "python"
-# Runs the CLI as the installed script does, then prints the top-level packages loaded (on stderr's last line).
+# Runs the CLI as the installed script does, then prints the packages loaded, top-level ones and pyarrow's and
+# numpy's own (on stderr's last line).
 RUN = """
 import atexit, json, sys
-atexit.register(lambda: print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr))
+atexit.register(lambda: print(json.dumps(sorted({m if m.split(".")[0] in ("pyarrow", "numpy") else m.split(".")[0]
+                                                 for m in sys.modules})), file=sys.stderr))
 sys.argv = ["dlcsniff", *json.loads(sys.argv[1])]
 from dlcsniff.cli import main
 main()
@@ -26,7 +28,8 @@ main()
 
 
 def decode(capture, out) -> tuple[dict, set[str]]:
-    """The --json summary of a decode in a fresh interpreter, and the top-level packages it had loaded."""
+    """The --json summary of a decode in a fresh interpreter, and the packages it had loaded (top-level ones, and
+    pyarrow's and numpy's modules)."""
     args = ["decode", str(capture), "--out", str(out), "--json", "--no-progress"]
     result = subprocess.run([str(PYTHON), "-c", RUN, json.dumps(args)], capture_output=True, text=True,
                             timeout=300)
@@ -70,6 +73,23 @@ def test_a_capture_without_messages_has_an_empty_timeline(tmp_path):
     from dlcsniff.decoders.schema import CLOCKS, EVENTS
     assert pq.read_schema(tmp_path / "out" / "events.parquet").remove_metadata().equals(EVENTS.schema)
     assert pq.read_schema(tmp_path / "out" / "clocks.parquet").remove_metadata().equals(CLOCKS.schema)
+
+
+@pytest.mark.parametrize("job", ["mxnet_lossy_heavy", "byteps_colocated_2x2"])
+def test_a_pslite_decode_never_imports_pyarrow_compute_or_numpy_ma(tmp_path, job):
+    """Issue 22: importing pyarrow.compute (which wraps every kernel at import) and numpy.ma (which pyarrow.array
+    of a numpy array or with a mask imports) cost a small decode a large share of its time. A ps-lite job (MXNet
+    with losses, so every summary count and capture limit is computed; BytePS) decodes without either; the
+    human summary's tables too."""
+    summary, modules = decode(PCAPS / job, tmp_path / "json")
+    assert summary["messages_by_protocol"]["pslite"] > 0 and "pyarrow.parquet" in modules
+    assert "pyarrow.compute" not in modules and "numpy.ma" not in modules
+    args = ["decode", str(PCAPS / job), "--out", str(tmp_path / "human"), "--no-progress"]
+    result = subprocess.run([str(PYTHON), "-c", RUN, json.dumps(args)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "ps-lite KV traffic" in result.stdout
+    modules = set(json.loads(result.stderr.strip().splitlines()[-1]))
+    assert "pyarrow.compute" not in modules and "numpy.ma" not in modules
 
 
 @pytest.mark.parametrize("job", ["mxnet_lossy_heavy", "gloo_hang"])

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from dlcsniff.decoders.arrow_numpy import as_arrow, filled, valid
+from dlcsniff.decoders.column_values import column_values
 from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.protocols.job_step import SummaryTable
@@ -44,9 +45,9 @@ def resolve_job(job: JobColumns) -> None:
 
 def event_summary(events: pa.Table) -> dict:
     """ps-lite messages whose sender or receiver no identity, routing frame, announcement or address named."""
-    mine = events.filter(pc.fill_null(pc.equal(events["protocol"], "pslite"), False))
-    unnamed = pc.or_(pc.is_null(mine["sender_id"]), pc.is_null(mine["recver_id"]))
-    return {"messages_without_node_ids": int(pc.sum(pc.cast(unnamed, pa.int64())).as_py() or 0)}
+    mine = np.array([protocol == "pslite" for protocol in column_values(events["protocol"])], dtype=bool)
+    unnamed = ~valid(events["sender_id"]) | ~valid(events["recver_id"])
+    return {"messages_without_node_ids": int(np.count_nonzero(mine & unnamed))}
 
 
 def says(summary: dict) -> dict[str, str]:
@@ -330,33 +331,26 @@ def message_iterations(messages: Mapping) -> pa.Array:
         number = first_of_exchange.get(exchange(row, answer=True))
         if number is not None:
             iteration[row], known[row] = rounds[number], True
-    return pa.array(iteration, mask=~known)
+    return as_arrow(iteration, pa.int64(), known)
 
 
 def _exchange_columns(messages: Mapping) -> dict[str, np.ndarray]:
     """What message_iterations reads, as plain int64 and bool (-1 for a missing number)."""
-    def column(name: str) -> pa.Array:
-        values = messages[name]
-        if isinstance(values, pa.ChunkedArray):
-            return values.combine_chunks()
-        return values if isinstance(values, pa.Array) else pa.array(values, from_pandas=True)
-
     def number(name: str) -> np.ndarray:
-        return pc.fill_null(pc.cast(column(name), pa.int64()), -1).to_numpy(zero_copy_only=False)
+        return filled(messages[name], -1).astype(np.int64)
 
     def flag(name: str) -> np.ndarray:
-        return pc.fill_null(pc.cast(column(name), pa.bool_()), False).to_numpy(zero_copy_only=False)
+        return filled(messages[name], False).astype(bool)
 
     push = flag("push")
     # ps-lite without the pull field (and BytePS) marks a pull as "not a push"
     pull = flag("pull") | ~push
-    req_type = pc.cast(column("req_type"), pa.string())
     return {
         "sender": number("sender_id"), "recver": number("recver_id"), "customer": number("customer_id"),
         "app": number("app_id"), "stamp": number("ps_timestamp"), "key": number("tensor_key"),
         "request": flag("request"), "push": push, "pull": pull,
-        "data": pc.is_null(column("control_cmd")).to_numpy(zero_copy_only=False) & ~flag("simple_app"),
-        "dense": pc.fill_null(pc.not_equal(req_type, "row_sparse"), True).to_numpy(zero_copy_only=False),
+        "data": ~valid(messages["control_cmd"]) & ~flag("simple_app"),
+        "dense": np.array([req_type != "row_sparse" for req_type in column_values(messages["req_type"])], dtype=bool),
     }
 
 

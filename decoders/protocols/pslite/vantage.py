@@ -7,7 +7,6 @@ import collections
 from typing import Mapping, Sequence
 
 import numpy as np
-import pyarrow.compute as pc
 
 from dlcsniff.decoders.column_values import column_values
 from dlcsniff.decoders.protocols.pslite.decoder import SCHEDULER_ID
@@ -65,8 +64,9 @@ def message_sides(obs: Mapping, messages, nodes) -> tuple[np.ndarray, np.ndarray
     row per capture that saw each; columns by name) are ps-lite's, and of those which are their sender's and their
     receiver's own capture (`vantage_points`). `messages`, `nodes`: the decode tables (pyarrow)."""
     mine = np.array([protocol == "pslite" for protocol in column_values(obs["protocol"])], dtype=bool)
-    pslite = messages.filter(pc.fill_null(pc.equal(messages["protocol"], "pslite"), False))
-    own = vantage_points(pslite, nodes)
+    pslite = [protocol == "pslite" for protocol in column_values(messages["protocol"])]
+    own = vantage_points({name: [value for value, mine in zip(column_values(messages[name]), pslite) if mine]
+                          for name in ("capture", "sender_id", "recver_id")}, nodes)
     own_keys = {(node, capture) for node, capture, is_own in zip(own["node_id"].tolist(), own["capture"].tolist(),
                                                                  own["own"].tolist()) if is_own}
     captures = column_values(obs["capture"])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
+import numpy as np
 
+from dlcsniff.decoders.arrow_numpy import filled
 from dlcsniff.decoders.protocols.roce.decoder import ROCE_V2_UDP_PORT, unverified_warning
 
 if TYPE_CHECKING:
@@ -15,8 +16,9 @@ COUNTERS = ("packets", "bytes", "bad_icrc", "cnp", "retransmitted_packets", "nak
 
 
 def summary(streams: pa.Table, tables: dict[str, pa.Table]) -> dict:
-    roce = streams.filter(pc.fill_null(pc.equal(streams["protocol"], "roce"), False))
-    return {"roce": {name: int(pc.sum(roce[name]).as_py() or 0) for name in COUNTERS} if len(roce) else {}}
+    roce = np.array([protocol == "roce" for protocol in streams["protocol"].to_pylist()], dtype=bool)
+    return {"roce": {name: int(filled(streams[name], 0)[roce].astype(np.int64).sum()) for name in COUNTERS}
+            if roce.any() else {}}
 
 
 def says(summary: dict) -> dict[str, str]:

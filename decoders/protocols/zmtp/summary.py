@@ -2,20 +2,26 @@
 framing again, its messages and commands as the captures saw them (a message seen at both ends: twice)."""
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlcsniff.decoders.arrow_numpy import filled, valid
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # the streams ZMTP frames: those ps-lite claimed and the other ZMTP ones
 ZMTP_STREAMS = ("pslite", "zmtp")
 
 
 def summary(streams: pa.Table, tables: dict[str, pa.Table]) -> dict:
-    framed = pc.and_(pc.is_valid(streams["syn_seen"]),
-                     pc.is_in(streams["protocol"], value_set=pa.array(ZMTP_STREAMS, pa.string())))
+    framed = valid(streams["syn_seen"]) & np.array([protocol in ZMTP_STREAMS
+                                                    for protocol in streams["protocol"].to_pylist()], dtype=bool)
     command = tables["zmtp"]["command"]
     return {
         # every protocol's: losses_by_protocol
-        "zmtp_lost_bytes": int(pc.sum(streams.filter(framed)["lost_bytes"]).as_py() or 0),
+        "zmtp_lost_bytes": int(filled(streams["lost_bytes"], 0)[framed].astype(np.int64).sum()),
         "zmtp_messages": command.null_count,
         "zmtp_commands": len(command) - command.null_count,
     }
