@@ -133,8 +133,7 @@ class _Barrier(enum.Enum):
 
 
 class _ChunkQueue:
-    """Undecoded input in stream order: captured chunks (memoryviews, copied only when the decoder waits for
-    more: `own`) and gap markers.
+    """Undecoded input in stream order: captured chunks (memoryviews; `own` copies them) and gap markers.
 
     Each item is [view, size, ts_ns]; view None marks `size` bytes the capture did not record: lost
     (never seen) or cut (seen, cut short by the snaplen), told apart by the item's fourth element.
@@ -430,8 +429,7 @@ class ZmtpDecoder:
         return events.popleft()
 
     def _own_waiting_bytes(self) -> None:
-        """Waiting for more input, keep no view of the input given so far: the capture reader's buffers (a few
-        MB each) would stay alive as long as any stream waits inside a message that began in them."""
+        """Waiting for more input, keep no view of it: a view keeps the reader's whole buffer (MBs) alive."""
         self._queue.own()
         pieces = self._frame_pieces
         if pieces and (len(pieces) > 1 or pieces[0].__class__ is memoryview):
