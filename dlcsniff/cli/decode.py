@@ -56,9 +56,8 @@ def decode(
     # for the few MB of tables a decode holds; a user's own ARROW_DEFAULT_MEMORY_POOL wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     with step("loaded the decoders"):
-        from dlcsniff.decoders.dask_cluster import ClusterError
         from dlcsniff.decoders.decode_run import decode_to_dir
-        from dlcsniff.decoders.errors import CaptureError
+        from dlcsniff.decoders.errors import CaptureError, ClusterError
         from dlcsniff.decoders.inputs.selection import packet_selection
         from dlcsniff.decoders.output_dir import OutputError
 
