@@ -136,6 +136,13 @@ def test_numbers_out_of_range_are_refused_before_any_work(args, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_path_is_printed_as_given(tmp_path):
+    """A name that reads like an emoji code (rich's `:b:`, `:cat:`) stays as it is in what dlcsniff prints."""
+    missing = tmp_path / "node:b:1" / "c:cat:"
+    result = run("decode", missing, "--out", tmp_path / "o", check=False)
+    assert result.returncode == 1 and f"{missing}: no such file" in result.stderr, result.stderr
+
+
 def test_a_flag_does_not_take_the_next_argument_as_its_value(tmp_path):
     """`decode --json true x`: true is a capture path (a flag has no value), and the error says so."""
     result = run("decode", "--json", "true", PCAPS / "zmq", "--out", tmp_path / "o", check=False)

@@ -136,8 +136,10 @@ def command(*args, renamed: dict[str, str] | None = None, epilog: str = EXIT_COD
 
 # Not a terminal (a pipe, a file): no width to fit, so whole tables and unbroken lines.
 _WIDE = 100_000
-out = Console(width=None if sys.stdout.isatty() else _WIDE)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDE)
+# No emoji codes (`:name:`) in anything dlcsniff prints: a path or an address is printed as it is, and rich never
+# loads its emoji table.
+out = Console(width=None if sys.stdout.isatty() else _WIDE, emoji=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDE, emoji=False)
 _verbosity = {"level": 0}     # -1 quiet, 0 normal, 1 verbose
 
 
