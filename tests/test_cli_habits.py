@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
-from dlcsniff.cli import app
+from dlcsniff.cli import commands
 from tests.conftest import PCAPS, REPO
 
 DLCSNIFF = REPO / ".venv" / "bin" / "dlcsniff"
-COMMANDS = sorted(command.name or command.callback.__name__ for command in app.registered_commands)
+COMMANDS = sorted(commands.COMMANDS)
 
 
 def run(*args, check: bool = True, columns: int = 80) -> subprocess.CompletedProcess:

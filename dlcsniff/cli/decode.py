@@ -10,9 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli import app as app_module
-from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err, fail, out,
-                              step, took, warn)
+from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, as_program, check_engine, command, err,
+                              fail, out, step, took, warn)
 
 
 PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on (and always for a stream: no size)
@@ -62,7 +61,7 @@ def decode(
         from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
-    if engine == "pandas" and app_module.AS_PROGRAM:
+    if engine == "pandas" and as_program():
         # the program's own process, whose decoders hand pyarrow no pandas object (Dask's do; a caller's may)
         from dlcsniff.decoders.arrow_without_pandas import skip_pandas
         skip_pandas()
