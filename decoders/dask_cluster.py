@@ -14,14 +14,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from dlcsniff.decoders.errors import ClusterError
+
 if TYPE_CHECKING:
     from distributed import Client
 
 SCHEDULER_TIMEOUT_S = 10      # how long to try reaching a running scheduler before giving up
-
-
-class ClusterError(Exception):
-    """The Dask cluster cannot be reached or lost a task's worker (the message says which and why)."""
 
 
 @contextlib.contextmanager

@@ -145,10 +145,10 @@ def input_entries(files: Sequence[Path], digests: Sequence[str | None]) -> list[
 
 
 def dlcsniff_version() -> str:
-    """The installed dlcsniff's version (dlcsniff.__version__ is the same; read here without importing the
-    package root, which every layer sits under)."""
-    from importlib.metadata import version
-    return version("dlcsniff")
+    """The installed dlcsniff's version: dlcsniff._version, which the distribution's version is built from
+    (dlcsniff.__version__ is the same; imported here without the package root, which every layer sits under)."""
+    from dlcsniff._version import __version__
+    return __version__
 
 
 def manifest(kind: str, *, inputs: list[dict], files: dict[str, dict], command: Sequence[str] | None = None,

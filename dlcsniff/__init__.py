@@ -10,7 +10,7 @@ The command line is `dlcsniff` (dlcsniff.cli). For scripts and notebooks:
 
 The names below are loaded on first use, so `import dlcsniff` (and the command line's start-up) stays light.
 """
-__version__ = "0.1.0"
+from dlcsniff._version import __version__
 
 __all__ = ["AnalysisError", "CaptureError", "Decoded", "DecodeError", "OutputError", "Stats", "decode", "load",
            "__version__"]

@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
-from dlcsniff.cli import app
+from dlcsniff.cli import commands
 from tests.conftest import PCAPS, REPO
 
 DLCSNIFF = REPO / ".venv" / "bin" / "dlcsniff"
-COMMANDS = sorted(command.name or command.callback.__name__ for command in app.registered_commands)
+COMMANDS = sorted(commands.COMMANDS)
 
 
 def run(*args, check: bool = True, columns: int = 80) -> subprocess.CompletedProcess:
@@ -134,6 +134,13 @@ def test_numbers_out_of_range_are_refused_before_any_work(args, tmp_path):
     result = run(*(str(a).format(tmp=tmp_path) for a in args), check=False)
     assert result.returncode == 2 and "Invalid value for '--processes'" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_path_is_printed_as_given(tmp_path):
+    """A name that reads like an emoji code (rich's `:b:`, `:cat:`) stays as it is in what dlcsniff prints."""
+    missing = tmp_path / "node:b:1" / "c:cat:"
+    result = run("decode", missing, "--out", tmp_path / "o", check=False)
+    assert result.returncode == 1 and f"{missing}: no such file" in result.stderr, result.stderr
 
 
 def test_a_flag_does_not_take_the_next_argument_as_its_value(tmp_path):

@@ -16,7 +16,9 @@ from tests.conftest import PCAPS, REPO
 
 DLCSNIFF = REPO / ".venv" / "bin" / "dlcsniff"
 GROUP = typer.main.get_command(app)
-COMMANDS = dict(sorted(GROUP.commands.items()))
+# every command, as click's help and completion find them (the group builds a command when first asked for it)
+COMMANDS = dict(sorted((name, GROUP.get_command(GROUP.context_class(GROUP), name))
+                       for name in GROUP.list_commands(GROUP.context_class(GROUP))))
 
 
 def _options(command) -> list:

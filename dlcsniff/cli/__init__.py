@@ -1,13 +1,6 @@
-"""dlcsniff's command line: one typer application (dlcsniff.cli.app), a module per command group. The modules
-register their commands when imported, in the order `--help` lists them: the data path first."""
-from dlcsniff.cli import decode  # noqa: F401, I001
-from dlcsniff.cli import analyse  # noqa: F401
-from dlcsniff.cli import diagnose  # noqa: F401
-from dlcsniff.cli import export  # noqa: F401
-from dlcsniff.cli import simulate  # noqa: F401
-from dlcsniff.cli import wireshark  # noqa: F401
-from dlcsniff.cli import capture  # noqa: F401
-from dlcsniff.cli import schema  # noqa: F401
+"""dlcsniff's command line: one typer application (dlcsniff.cli.app), a module per command group. A module
+registers its commands when imported, which the application does when a command is first asked for
+(dlcsniff.cli.commands: which module defines which command, in the order `--help` lists them)."""
 from dlcsniff.cli import app as app_module
 from dlcsniff.cli.app import app
 

@@ -83,7 +83,7 @@ def stats(
         from dlcsniff.analysis.collective_stats import KIND_TABLE_HEADER, collective_headline, collective_kind_rows
         from dlcsniff.analysis.dask_stats import write_statistics_dask
         from dlcsniff.analysis.display import number, scale_of
-        from dlcsniff.decoders.dask_cluster import ClusterError
+        from dlcsniff.decoders.errors import ClusterError
     try:
         with step(f"computed the statistics and wrote the tables ({engine})", "computing the statistics"):
             job = load_job_model(decode_dir)

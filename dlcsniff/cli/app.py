@@ -22,15 +22,22 @@ from typer.core import TyperCommand, TyperGroup
 
 from dlcsniff import __version__
 from dlcsniff.cli.coercion import use_plain_coercion
+from dlcsniff.cli.commands import COMMANDS
 
 # True when dlcsniff runs as the program (dlcsniff.cli.main without argv), False when a caller runs the app in its
 # own process (tests, other programs): what only a process of its own may change (decode keeping pandas out of
-# it, decoders.arrow_without_pandas) looks here.
+# it, decoders.arrow_without_pandas) asks `as_program`.
 AS_PROGRAM = False
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = ("Exit codes: 0 done; 1 the command refused or failed (a bad or undecodable capture, a missing input, "
               "an output in the way, options that do not go together); 2 the command line cannot be read (an "
               "unknown command or option, a missing, malformed or out-of-range value).")
+
+
+def as_program() -> bool:
+    """Whether dlcsniff runs as the program (AS_PROGRAM). A function: `dlcsniff.cli.app` names the typer
+    application once the package is imported, not this module."""
+    return AS_PROGRAM
 
 
 class _FlagHelp:
@@ -46,6 +53,31 @@ class _FlagHelp:
 
 
 class _Group(_FlagHelp, TyperGroup):
+    """dlcsniff's group: a command's module is imported, and its click command built from its signature, when
+    click first asks for it (get_command), the way click's lazily loading groups do; the program running one
+    command builds that one. Everything click lists (help, completion) comes from COMMANDS, in its order."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, cmd_name: str):
+        """The command `cmd_name`, built on first use; a name that is no command builds them all (click's error
+        then suggests the close ones)."""
+        if cmd_name not in self.commands:
+            self._build([cmd_name] if cmd_name in COMMANDS else list(COMMANDS))
+        return self.commands.get(cmd_name)
+
+    def _build(self, names: list[str]) -> None:
+        """Import the modules of the commands `names` (each registers its commands on `app`), then build those
+        not built yet as typer builds a group's commands (typer.main.get_group_from_info)."""
+        for module in dict.fromkeys(COMMANDS[name] for name in names):
+            __import__(module)      # not importlib.import_module: -X importtime lists this one, what it loads under it
+        for info in app.registered_commands:
+            name = info.name or typer.main.get_command_name(info.callback.__name__)
+            if name in names and name not in self.commands:
+                self.add_command(typer.main.get_command_from_info(
+                    info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode))
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """typer's main, with its errors as one line `error: ...` (no boxes, no usage block) and the exit codes
         of EXIT_CODES; an OSError no command caught is one line too."""
@@ -136,8 +168,10 @@ def command(*args, renamed: dict[str, str] | None = None, epilog: str = EXIT_COD
 
 # Not a terminal (a pipe, a file): no width to fit, so whole tables and unbroken lines.
 _WIDE = 100_000
-out = Console(width=None if sys.stdout.isatty() else _WIDE)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDE)
+# No emoji codes (`:name:`) in anything dlcsniff prints: a path or an address is printed as it is, and rich never
+# loads its emoji table.
+out = Console(width=None if sys.stdout.isatty() else _WIDE, emoji=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDE, emoji=False)
 _verbosity = {"level": 0}     # -1 quiet, 0 normal, 1 verbose
 
 

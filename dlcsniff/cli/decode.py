@@ -10,9 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from dlcsniff.cli import app as app_module
-from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, check_engine, command, err, fail, out,
-                              step, took, warn)
+from dlcsniff.cli.app import (Engine, Flag, Force, Json, SchedulerAddress, as_program, check_engine, command, err,
+                              fail, out, step, took, warn)
 
 
 PROGRESS_MIN_BYTES = 8 << 20   # show a progress bar from this much input on (and always for a stream: no size)
@@ -56,14 +55,13 @@ def decode(
     # for the few MB of tables a decode holds; a user's own ARROW_DEFAULT_MEMORY_POOL wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     with step("loaded the decoders"):
-        from dlcsniff.decoders.dask_cluster import ClusterError
         from dlcsniff.decoders.decode_run import decode_to_dir
-        from dlcsniff.decoders.errors import CaptureError
+        from dlcsniff.decoders.errors import CaptureError, ClusterError
         from dlcsniff.decoders.inputs.selection import packet_selection
         from dlcsniff.decoders.output_dir import OutputError
 
     check_engine(engine, scheduler)
-    if engine == "pandas" and app_module.AS_PROGRAM:
+    if engine == "pandas" and as_program():
         # the program's own process, whose decoders hand pyarrow no pandas object (Dask's do; a caller's may)
         from dlcsniff.decoders.arrow_without_pandas import skip_pandas
         skip_pandas()
