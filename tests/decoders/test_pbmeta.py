@@ -182,6 +182,18 @@ def test_the_defaults_of_absent_fields_are_protobufs():
     assert (meta.head, meta.timestamp, meta.priority, meta.data_types, meta.nodes[0].id) == (None, None, None, (), None)
 
 
+@pytest.mark.parametrize("hostname", [b"h\xc3\xa9", b"\xff", b"\xed\xa0\x80", b"\xc0\x80", b"\xf4\x90\x80\x80", b"a\x00b",
+                                      b"\xef\xbf\xbe", b"\xe0\x80"])
+def test_hostnames_as_protobuf_hands_them_over(hostname):
+    """proto2 strings are not UTF-8 checked: protobuf hands over a str when the bytes are UTF-8 and the bytes
+    otherwise, which the decode escaped; pbmeta's hostname must read the same."""
+    node = b"\x08\x00\x1a" + _varint(len(hostname)) + hostname            # role server, hostname
+    body = _nested(b"\x08\x02\x12" + _varint(len(node)) + node)            # cmd ADD_NODE, the node
+    value = PBMeta.FromString(body).control.node[0].hostname
+    expected = value if isinstance(value, str) else value.decode("utf-8", "backslashreplace")
+    assert pslite.parse_dmlc_meta(body).nodes[0].hostname == expected
+
+
 # -- fuzz ---------------------------------------------------------------------------------------------------
 
 _VALUES = st.one_of(st.integers(0, 0x7F), st.integers(0, 2**64 - 1),
