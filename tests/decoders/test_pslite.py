@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dlcsniff.decoders.protocols.pslite import decoder as pslite
 from dlcsniff.decoders.errors import DecodeError
-from dlcsniff.decoders.protocols.pslite.meta import PBMeta
+from tests.decoders.pbmeta_protobuf import PBMeta
 
 K_EMPTY_VARINT = "ffffffff07"       # 2**31 - 1 (ps-lite's kEmpty) as a protobuf varint
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dlcsniff.decoders.protocols.zmtp import decoder as zmtp
 from dlcsniff.decoders.protocols.pslite.decoder import looks_like_meta
-from dlcsniff.decoders.protocols.pslite.meta import PBMeta
+from tests.decoders.pbmeta_protobuf import PBMeta
 
 COMPILED = zmtp._COMPILED_SCAN
 

@@ -23,7 +23,7 @@ from dlcsniff.decoders.errors import DecodeError
 from dlcsniff.decoders.protocols import ZMTP_KEPT_BODIES
 from dlcsniff.decoders.protocols.base import (Count, LossCounter, ProtocolDecoderBase, Row, StreamColumns,
                                               TcpDirection)
-from dlcsniff.decoders.protocols.pslite.meta import message_classes
+from dlcsniff.decoders.protocols.pslite import pbmeta
 from dlcsniff.decoders.protocols.zmtp.decoder import Command, Message, ZmtpDecoder
 from dlcsniff.decoders.protocols.zmtp.midstream import MidstreamZmtp
 from dlcsniff.decoders.sansio import NEED_DATA, DecodeFailed
@@ -115,54 +115,42 @@ def _unset(value: int) -> int | None:
     return None if value == K_EMPTY else value
 
 
-def _text(value: str | bytes) -> str:
-    # proto2 strings are not UTF-8 checked: the runtime hands back bytes when they are not valid UTF-8
-    return value if isinstance(value, str) else value.decode("utf-8", "backslashreplace")
+def _text(value: bytes) -> str:
+    # proto2 strings are not UTF-8 checked: bytes that are not UTF-8 are kept, escaped
+    return value.decode("utf-8", "backslashreplace")
 
 
 # -- dmlc/ps-lite: protobuf PBMeta -------------------------------------------------------------------------
 
-def _pb_meta(body: bytes | memoryview):
-    from google.protobuf.message import DecodeError as ProtobufDecodeError
-
-    pb = message_classes()["PBMeta"]()
-    try:
-        pb.ParseFromString(body)
-    except (ProtobufDecodeError, ValueError) as exc:
-        raise DecodeError(f"not a ps.PBMeta protobuf ({len(body)} bytes): {exc}") from None
-    if not pb.IsInitialized():
-        # PBControl.cmd and PBNode.role are `required`: ps-lite's ParseFromArray rejects a meta without them
-        raise DecodeError(f"ps.PBMeta misses required fields: {', '.join(pb.FindInitializationErrors())}")
-    return pb
-
-
-def _optional(message, name: str) -> int | None:
+def _optional(message: dict, name: str) -> int | None:
     """A proto2 optional int field: None when unset or holding ps-lite's kEmpty."""
-    return _unset(getattr(message, name)) if message.HasField(name) else None
+    value = message.get(name)
+    return None if value is None or value == K_EMPTY else value
 
 
-def _dmlc_meta(pb) -> PsMeta:
-    control = pb.control if pb.HasField("control") else None
+def _dmlc_meta(pb: dict) -> PsMeta:
+    control = pb.get("control")
     nodes = tuple(
-        PsNode(role=n.role, id=_optional(n, "id"), hostname=_text(n.hostname), port=_optional(n, "port"),
-               customer_id=_optional(n, "customer_id"), is_recovery=n.is_recovery)
-        for n in (control.node if control is not None else ()))
+        PsNode(role=n["role"], id=_optional(n, "id"), hostname=_text(n.get("hostname", b"")),
+               port=_optional(n, "port"), customer_id=_optional(n, "customer_id"),
+               is_recovery=n.get("is_recovery", False))
+        for n in (control.get("node", ()) if control is not None else ()))
     return PsMeta(
         flavor="dmlc",
         head=_optional(pb, "head"),
-        body=pb.body,
-        control_cmd=control.cmd if control is not None and control.cmd != EMPTY else None,
+        body=pb.get("body", b""),
+        control_cmd=control["cmd"] if control is not None and control["cmd"] != EMPTY else None,
         nodes=nodes,
         barrier_group=_optional(control, "barrier_group") if control is not None else None,
         msg_sig=_optional(control, "msg_sig") if control is not None else None,
-        request=pb.request,
-        push=pb.push,
-        pull=pb.pull,
-        simple_app=pb.simple_app,
+        request=pb.get("request", False),
+        push=pb.get("push", False),
+        pull=pb.get("pull", False),
+        simple_app=pb.get("simple_app", False),
         app_id=_optional(pb, "app_id"),
         timestamp=_optional(pb, "timestamp"),
         customer_id=_optional(pb, "customer_id"),
-        data_types=tuple(pb.data_type),
+        data_types=tuple(pb.get("data_type", ())),
         data_size=_optional(pb, "data_size"),
         priority=_optional(pb, "priority"),
     )
@@ -170,18 +158,16 @@ def _dmlc_meta(pb) -> PsMeta:
 
 def parse_dmlc_meta(body: bytes | memoryview) -> PsMeta:
     """Decode a dmlc/ps-lite meta frame (protobuf ps.PBMeta). Raises DecodeError."""
-    return _dmlc_meta(_pb_meta(body))
+    return _dmlc_meta(pbmeta.read(body))
 
 
-def _is_pslite_shaped(pb, body: bytes | memoryview) -> bool:
+def _is_pslite_shaped(pb: dict, body: bytes | memoryview) -> bool:
     """What every dmlc/ps-lite sender produces: Van::PackMeta has always set head, request, push and simple_app,
     and protobuf's serializer writes fields in number order with minimal varints, so a real meta re-encodes
     to exactly its own bytes and holds no field outside the schema."""
-    from google.protobuf.unknown_fields import UnknownFieldSet
-
-    return (all(pb.HasField(name) for name in ("head", "request", "push", "simple_app"))
-            and len(UnknownFieldSet(pb)) == 0
-            and pb.SerializeToString() == body)
+    return (all(name in pb for name in ("head", "request", "push", "simple_app"))
+            and pbmeta.UNKNOWN not in pb
+            and pbmeta.encode(pb) == body)
 
 
 # -- bytedance/ps-lite: raw structs, host byte order (little-endian on x86-64) ------------------------------
@@ -305,7 +291,7 @@ def _parse_strict(body: bytes | memoryview) -> PsMeta:
     if body[:1] != _HEAD_TAG:
         return parse_byteps_meta(body)
     try:
-        pb = _pb_meta(body)
+        pb = pbmeta.read(body)
     except DecodeError:
         return parse_byteps_meta(body)
     if _is_pslite_shaped(pb, body):

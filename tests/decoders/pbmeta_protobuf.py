@@ -1,12 +1,10 @@
-"""dmlc/ps-lite's wire schema (`src/meta.proto`, package `ps`, proto2), built at import time.
+"""dmlc/ps-lite's wire schema (`src/meta.proto`, package `ps`, proto2) for google.protobuf: the independent reader
+the tests hold decoders.protocols.pslite.pbmeta to.
 
-The descriptor is assembled here from the field table below instead of compiling the upstream .proto:
-no protoc at build time and no generated code in the tree. Field numbers and types are those of
-dmlc/ps-lite at 34fd45c, the commit MXNet 1.9.1 pins (unchanged on dmlc/ps-lite master); `pull` (12) and
-`priority` (13) arrived in 2019, so older senders simply leave them unset.
-
-The message classes (PBNode, PBControl, PBMeta) are built on first use, not when the module is imported: a
-decode of captures without dmlc/ps-lite never loads protobuf.
+The descriptor is assembled here from the field table below instead of compiling the upstream .proto: no protoc
+and no generated code in the tree. Its table is written apart from pbmeta's on purpose (a wrong field number in
+one is caught by the other, and both by the real sender's bytes in test_pslite.py). Field numbers and types are
+those of dmlc/ps-lite at 34fd45c, the commit MXNet 1.9.1 pins (unchanged on dmlc/ps-lite master).
 """
 from __future__ import annotations
 
@@ -82,7 +80,7 @@ def message_classes() -> dict[str, type]:
 
 
 def __getattr__(name: str) -> type:
-    """`pslite_meta.PBMeta` and the others, built on first use (PEP 562)."""
+    """`pbmeta_protobuf.PBMeta` and the others, built on first use (PEP 562)."""
     if name in _SCHEMA:
         return message_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
