@@ -31,8 +31,8 @@ from dlcsniff.decoders.errors import CaptureError
 from dlcsniff.decoders.inputs.capture_file import Packet, RecordBatch, first_last_ts_ns, open_capture
 from dlcsniff.decoders.inputs.capture_set import CaptureInput, ProgressFn, capture_name
 from dlcsniff.decoders.inputs.selection import PacketSelection, PacketSelector
-from dlcsniff.decoders.packet import (Datagram, ParseStats, UnsupportedLinktype, check_linktype, ip_to_str,
-                                      outgoing_source, parse_packet)
+from dlcsniff.decoders.packet import (DIRECTION_LINKTYPES, Datagram, ParseStats, UnsupportedLinktype, check_linktype,
+                                      ip_to_str, outgoing_source, parse_packet)
 from dlcsniff.decoders.protocols import protocol_decoders
 from dlcsniff.decoders.protocols.base import UNLIMITED_SKIP_BYTES, Count, ExtraStream, Row, StreamColumns, TcpDirection
 from dlcsniff.decoders.sansio import NEED_DATA
@@ -264,6 +264,10 @@ class CaptureDecoder:
         """Note the source addresses of the packets the link layer marks as sent by the capturing host, among
         the capture's first CAPTURING_HOST_PACKETS."""
         if self._host_packets_left <= 0:
+            return
+        linktype = None if item.__class__ is Packet else getattr(item.layout, "linktype", None)    # pcap: one
+        if linktype is not None and linktype not in DIRECTION_LINKTYPES:
+            self._host_packets_left -= len(item)     # a link type that marks no direction: nothing to note
             return
         packets = (item,) if item.__class__ is Packet else itertools.islice(item.packets(), self._host_packets_left)
         for packet in packets:

@@ -174,6 +174,9 @@ _SLL2_PACKET_TYPE_OFFSET = 10    # u8 in a Linux cooked v2 header
 _PACKET_OUTGOING = 4             # linux/if_packet.h PACKET_OUTGOING: sent by this host
 
 
+DIRECTION_LINKTYPES = frozenset({LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2})   # whose packets say who sent them
+
+
 def outgoing_source(linktype: int, data: bytes | memoryview) -> bytes | None:
     """The IP source address of a packet the capturing host sent, when the link layer says so (Linux cooked
     captures, `tcpdump -i any`, mark each packet with its direction); None for any other packet."""

@@ -79,6 +79,10 @@ _OPT_ISB_OSDROP = 7
 _DEFAULT_TSRESOL = 6     # microseconds, when an interface has no if_tsresol option
 
 _SPARE_BUFFERS = 6        # read buffers kept for reuse (the hash may hold a few)
+# Room a new read buffer gets beyond CHUNK_BYTES: a refill carries the unread part of the last record over
+# (up to libpcap's largest snaplen and its header), so a buffer of just the size asked would fit no later refill
+# and every refill that carried bytes over made a new buffer (six of them, 25 MB, on a 1 GB capture).
+_BUFFER_SLACK = (256 << 10) + 64
 
 _PCAP_RECORD = {e: struct.Struct(e + "IIII") for e in "<>"}          # ts_sec ts_frac caplen orig_len
 _PCAP_CAPLEN = {e: struct.Struct(e + "8xI") for e in "<>"}
@@ -469,7 +473,7 @@ class CaptureReader:
             if attempt or len(self._spares) < _SPARE_BUFFERS:
                 break
             self._raw.digest.wait()
-        new = bytearray(size)
+        new = bytearray(max(size, CHUNK_BYTES + _BUFFER_SLACK))
         self._spares.append(new)
         del self._spares[:-_SPARE_BUFFERS]
         return new

@@ -314,15 +314,21 @@ def test_record_larger_than_a_read_chunk(tmp_path):
                        (5_000_006_000, 147, b"c", 9, 0)]
 
 
-def test_memory_stays_flat_on_a_large_file(files, tmp_path):
-    """A 64 MB capture is streamed: peak allocation is a few read chunks, not the file."""
+def _large_copy(files, tmp_path) -> tuple[Path, int]:
+    """lo_us.pcap's records repeated into a capture of over 64 MB, and how many times."""
     one = files["lo_us.pcap"].read_bytes()
     body = one[24:]
+    copies = 64 * 2**20 // len(body) + 1
     path = tmp_path / "large.pcap"
     with open(path, "wb") as f:
         f.write(one[:24])
-        for _ in range(64 * 2**20 // len(body) + 1):
+        for _ in range(copies):
             f.write(body)
+    return path, copies
+
+
+def _peak_reading(path: Path) -> tuple[int, int, int]:
+    """(packets, bytes read, peak traced allocation) of reading the capture through."""
     tracemalloc.start()
     try:
         with open_capture(path) as reader:
@@ -330,9 +336,48 @@ def test_memory_stays_flat_on_a_large_file(files, tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert reader.bytes_read == path.stat().st_size > 64 * 2**20
-    assert n == len(read_all(files["lo_us.pcap"])[0]) * (64 * 2**20 // len(body) + 1)
+    return n, reader.bytes_read, peak
+
+
+def test_memory_stays_flat_on_a_large_file(files, tmp_path):
+    """A 64 MB capture is streamed: peak allocation is a few read chunks, not the file (the hash beside the
+    reading may hold a few chunks it has not hashed yet)."""
+    path, copies = _large_copy(files, tmp_path)
+    n, bytes_read, peak = _peak_reading(path)
+    assert bytes_read == path.stat().st_size > 64 * 2**20
+    assert n == len(read_all(files["lo_us.pcap"])[0]) * copies
     assert peak < 8 * capture.CHUNK_BYTES
+
+
+class _InlineDigest:
+    """sha256 hashed at once (no buffer waits for a thread)."""
+
+    def __init__(self):
+        self._digest = hashlib.sha256()
+
+    def update(self, data) -> None:
+        self._digest.update(data)
+
+    def wait(self) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def close(self) -> None:
+        pass
+
+
+def test_read_buffers_are_reused_though_refills_carry_bytes_over(files, tmp_path, monkeypatch):
+    """Nearly every refill carries the unread part of a record over into the next buffer; buffers are made with
+    room for it, so the reader cycles through two of them. A buffer of just the size asked (CHUNK_BYTES + the
+    bytes carried over) fit no later refill: every refill made a new one, until six were kept (6 chunks at the
+    peak). The hash is taken inline here, so no buffer is held for it."""
+    monkeypatch.setattr(capture, "BackgroundDigest", _InlineDigest)
+    path, copies = _large_copy(files, tmp_path)
+    n, bytes_read, peak = _peak_reading(path)
+    assert bytes_read == path.stat().st_size and n == len(read_all(files["lo_us.pcap"])[0]) * copies
+    assert peak < 3 * capture.CHUNK_BYTES
 
 
 @pytest.mark.parametrize("compress", [False, True])
