@@ -21,9 +21,15 @@ BYTEPS_APT_PACKAGES := libzmq3-dev g++ make python3-dev
 GLOO_MATRIX_OUT ?= out/gloo-matrix
 GLOO_MATRIX_WORLD_SIZES ?= 2 3 4 5 6 7 8
 
-.PHONY: run test bench setup sys bpf workloads byteps pcaps schema gloo-matrix clean
+.PHONY: run test bench setup sys bpf bytecode workloads byteps pcaps schema gloo-matrix clean
 
-setup: sys $(VENV)/.installed bpf
+setup: sys $(VENV)/.installed bpf bytecode
+
+# Our modules' bytecode, compiled here (only what changed since): an editable install leaves it to the first run,
+# and where PYTHONDONTWRITEBYTECODE=1 is set (as on these machines) every run compiled them from source, ~0.13 s
+# of a small capture's decode (tests/bench/measure.py compiles them before timing for the same reason).
+bytecode: $(VENV)/.installed
+	$(VENV)/bin/python -m compileall -q dlcsniff decoders analysis sniffer lab
 
 # The capture daemon's BPF programs, compiled once into CO-RE objects libbpf loads as they are (sniffer/probes/build/,
 # named by a digest of their sources: an edited source is rebuilt here, never loaded stale)
