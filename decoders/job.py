@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -145,7 +146,7 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None
         workers = 0
     elif workers is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = min(len(paths), cores) if total is None or total >= FORK_MIN_BYTES else 0
+        workers = min(len(paths), cores) if _workers_pay(total) else 0
     jobs = [(capture, index << FLOW_ID_CAPTURE_SHIFT) for index, capture in enumerate(paths)]
     if workers <= 0:
         progress = progress_total(total) if progress_total else None
@@ -169,6 +170,14 @@ def decode_paths(inputs: Iterable[Path], *, progress_total: Callable[[int | None
         results = decode_forked(jobs, [size or 0 for size in sizes], total, workers, progress_total, selection,
                                 meanwhile=load_next)
     return finish_job(results, paths, selection)
+
+
+def _workers_pay(total: int | None) -> bool:
+    """Whether forked workers pay: for a large input (or a stream), and for any input while this process has yet
+    to import what builds the job's tables (a fresh `dlcsniff decode`: those imports then overlap the workers'
+    decoding instead of following it, ~0.05 s of a small capture's 0.35 s); a process that has them (a test's, a
+    caller's second decode) decodes a small input itself."""
+    return total is None or total >= FORK_MIN_BYTES or "dlcsniff.decoders.timeline" not in sys.modules
 
 
 def finish_job(results: list[CaptureResult], captures: list[CaptureInput],
