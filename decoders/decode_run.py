@@ -42,9 +42,11 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
                   engine: Engine = "pandas", scheduler: str | None = None, workers: int | None = None,
                   selection: PacketSelection | None = None,
                   progress_total: Callable[[int | None], ProgressFn] | None = None,
-                  command: Sequence[str] | None = None) -> DecodeRun:
+                  command: Sequence[str] | None = None, meanwhile: Callable[[], None] | None = None) -> DecodeRun:
     """Decode the captures (files, directories of them, streams: every node of one job) into out_dir; with
     `selection` (decoders.inputs.selection.packet_selection) only the packets it keeps.
+
+    `meanwhile`: the caller's next imports, run (after the writer's) while forked workers decode.
 
     Raises CaptureError (an input cannot be read), OutputError (out_dir cannot be used or written) and, with
     engine="dask", ClusterError."""
@@ -63,8 +65,12 @@ def decode_to_dir(captures: Iterable[str | Path], out_dir: str | Path, *, force:
         dataset = decode_paths_dask(captures, scheduler=scheduler, workers=workers, progress_total=progress_total,
                                     selection=selection)
     else:
+        def load_next() -> None:
+            _load_writer()
+            if meanwhile is not None:
+                meanwhile()
         dataset = decode_paths(captures, progress_total=progress_total, workers=workers, selection=selection,
-                               meanwhile=_load_writer)
+                               meanwhile=load_next)
     decoded = time.monotonic()
     from dlcsniff.decoders.output import write_decode_output
 

@@ -228,12 +228,18 @@ def with_job_view(dataset: DecodedJob) -> DecodedJob:
 
 
 def _load_table_builders() -> None:
-    """Import what build_dataset, the timeline and the summary use, e.g. while workers decode."""
+    """Import what build_dataset, the timeline and the summary use, e.g. while workers decode: the job steps, and
+    every protocol's decoder class (the summary asks each for its loss counters)."""
     from dlcsniff.decoders import capture_limits, job_summary, schema, timeline  # noqa: F401
-    from dlcsniff.decoders.protocols import JOB_STEPS
+    from dlcsniff.decoders.protocols import JOB_STEPS, REGISTRY
 
     for entry in JOB_STEPS:
         entry.hooks()
+    for protocol in REGISTRY:
+        protocol.decoder_class()
+    import pyarrow as pa
+
+    pa.array([0])            # pyarrow's first conversion of a list loads its pandas shim (and dateutil) once
 
 
 def with_selection(dataset: DecodedJob, selection: PacketSelection | None) -> DecodedJob:

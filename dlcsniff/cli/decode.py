@@ -90,7 +90,8 @@ def decode(
         # the output is claimed before any decoding; the tables, and one timeline for the job (a message seen at
         # both ends becomes one event, every capture's clock aligned to a reference capture), after it
         run = decode_to_dir(captures, out_dir, force=force, engine=engine, scheduler=scheduler, workers=processes,
-                            selection=selection, progress_total=progress_total, command=sys.argv)
+                            selection=selection, progress_total=progress_total, command=sys.argv,
+                            meanwhile=_load_summary_printer)
     except (CaptureError, ClusterError, OutputError) as exc:
         fail(str(exc))
     except OSError as exc:
@@ -111,6 +112,13 @@ def decode(
     # What is left is the interpreter's exit: spare its last garbage collection the walk over every object
     # the decode made (a quarter of a second on a large capture).
     gc.freeze()
+
+
+def _load_summary_printer() -> None:
+    """Import what printing the summary uses, e.g. while workers decode."""
+    import rich.table  # noqa: F401
+
+    from dlcsniff.decoders import losses  # noqa: F401
 
 
 def _print_decode_summary(summary: dict, dataset) -> None:
