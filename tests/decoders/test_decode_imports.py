@@ -7,6 +7,7 @@ from the tables it wrote."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pandas as pd
@@ -16,16 +17,20 @@ import pytest
 from tests.conftest import PCAPS, REPO
 
 PYTHON = REPO / ".venv" / "bin" / "python"
-# Runs the CLI as the installed script does, then prints the modules loaded (a JSON list on a line of stderr), and so
-# does each worker process it forks once it has decoded its capture (a worker leaves without running atexit).
+# Runs the CLI as the installed script does, then writes the modules loaded (a JSON list) into the directory named by
+# the MODULES environment variable, and so does each worker process it forks once it has decoded its capture (a
+# worker leaves without running atexit).
 RUN = """
-import atexit, json, sys
-atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))
+import atexit, json, os, sys
+def say(name):
+    with open(os.path.join(os.environ["MODULES"], name), "w") as out:
+        json.dump(sorted(sys.modules), out)
+atexit.register(say, "program.json")
 import dlcsniff.decoders.fork_pool as pool
 decode_capture = pool.decode_capture
 def decode_and_say(*args, **kwargs):
     result = decode_capture(*args, **kwargs)
-    print(json.dumps(["(worker)", *sorted(sys.modules)]), file=sys.stderr, flush=True)
+    say(f"worker-{os.getpid()}.json")
     return result
 pool.decode_capture = decode_and_say
 sys.argv = ["dlcsniff", *json.loads(sys.argv[1])]
@@ -34,21 +39,23 @@ main()
 """
 
 
-def loaded_modules(stderr: str) -> set[str]:
-    """Every module the program and its workers had loaded (the lists RUN prints). A fresh program decodes even a
-    small capture in a worker (decoders.job: its own imports meanwhile), so one is required."""
-    lists = [json.loads(line) for line in stderr.splitlines() if line.startswith("[")]
-    assert len(lists) >= 2 and lists[0][:1] == ["(worker)"] and lists[-1][:1] != ["(worker)"], stderr
-    return {name for found in lists for name in found if name != "(worker)"}
+def run_program(args: list[str], modules_dir) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """The CLI run in a fresh interpreter, and every module it and its workers had loaded. A fresh program decodes
+    even a small capture in a worker (decoders.job: its own imports meanwhile), so one is required."""
+    modules_dir.mkdir()
+    result = subprocess.run([str(PYTHON), "-c", RUN, json.dumps(args)], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "MODULES": str(modules_dir)})
+    assert result.returncode == 0, result.stderr
+    found = sorted(path.name for path in modules_dir.iterdir())
+    assert "program.json" in found and any(name.startswith("worker-") for name in found), found
+    return result, {name for path in modules_dir.iterdir() for name in json.loads(path.read_text())}
 
 
 def decode(capture, out) -> tuple[dict, set[str]]:
-    """The --json summary of a decode in a fresh interpreter, and the modules it had loaded."""
+    """The --json summary of a decode in a fresh interpreter, and the modules it (and its workers) had loaded."""
     args = ["decode", str(capture), "--out", str(out), "--json", "--no-progress"]
-    result = subprocess.run([str(PYTHON), "-c", RUN, json.dumps(args)], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout), loaded_modules(result.stderr)
+    result, modules = run_program(args, out.parent / f"{out.name}-modules")
+    return json.loads(result.stdout), modules
 
 
 @pytest.mark.parametrize("job", ["zmq", "tcp_zero_window", "mxnet_lossy_heavy", "byteps_colocated_2x2"])
@@ -100,10 +107,8 @@ def test_a_pslite_decode_never_imports_pyarrow_compute_or_numpy_ma(tmp_path, job
     assert summary["messages_by_protocol"]["pslite"] > 0 and "pyarrow.parquet" in modules
     assert "pyarrow.compute" not in modules and "numpy.ma" not in modules
     args = ["decode", str(PCAPS / job), "--out", str(tmp_path / "human"), "--no-progress"]
-    result = subprocess.run([str(PYTHON), "-c", RUN, json.dumps(args)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result, modules = run_program(args, tmp_path / "human-modules")
     assert "ps-lite KV traffic" in result.stdout
-    modules = loaded_modules(result.stderr)
     assert "pyarrow.compute" not in modules and "numpy.ma" not in modules
 
 
