@@ -1,3 +1,3 @@
-from dlcsniff.cli import main
+from dlcsniff.program import main
 
 main()

@@ -175,6 +175,26 @@ def test_the_program_leaves_with_its_exit_code_its_output_and_its_exit_handlers(
     assert unknown.returncode == 2 and unknown.stderr.endswith("handler ran\n")
 
 
+def test_ctrl_c_while_the_command_line_loads_ends_the_program_without_a_traceback(tmp_path):
+    """^C in the tenth of a second typer, rich and the command's modules load (dlcsniff.program) ends the program
+    as ^C does once it runs: exit status 130 and nothing on stderr. The interrupt is raised where a real one lands
+    most often, while dlcsniff.cli is imported."""
+    script = tmp_path / "program.py"
+    script.write_text("import sys\n"
+                      "class Interrupt:\n"
+                      "    def find_spec(self, name, path=None, target=None):\n"
+                      "        if name == 'dlcsniff.cli':\n"
+                      "            raise KeyboardInterrupt\n"
+                      "sys.meta_path.insert(0, Interrupt())\n"
+                      "from dlcsniff.program import main\n"
+                      "main()\n")
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "python"), str(script), "-V"],
+                            capture_output=True, text=True)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "")
+    entry = [line for line in (REPO / "pyproject.toml").read_text().splitlines() if line.startswith("dlcsniff =")]
+    assert entry == ['dlcsniff = "dlcsniff.program:main"']
+
+
 def test_the_program_seldom_walks_what_lives_to_its_end(tmp_path):
     """A decode allocates mostly what lives to its end (modules, tables): the program's garbage collector makes
     few young collections over it (dlcsniff.cli.GC_THRESHOLDS; the interpreter's default made hundreds on a small
